@@ -1,0 +1,233 @@
+"""Sampler benchmark: µs per step, side by side in one run.
+
+Systems, each given the same fresh logits every step (copied in, untimed):
+
+- ``sampler``: ``Sampler()(logits, metadata)`` with prebuilt metadata (an engine
+  keeps it between steps); ``+build`` adds ``SamplingMetadata.build`` per step.
+- ``row loop``: the per-request Python loop our design documents warn
+  against: each row alone through bias, penalties, temperature, top-k, a
+  sort-based top-p, min-p and ``torch.multinomial``.
+- ``hf rows``: transformers' ``LogitsProcessorList`` (RepetitionPenalty,
+  Temperature, TopK, TopP, MinP) + ``torch.multinomial``, row by row with each
+  row's parameters (transformers has no frequency/presence penalty; those rows
+  get the rest of their chain).
+- ``hf batch``: the same chain batched with one set of parameters for all rows
+  (repetition 1.1, temperature 0.8, top-k 50, top-p 0.9, min-p 0.05), for scale.
+
+Rows cycle through eight parameter sets (greedy, top-p without top-k, top-k +
+top-p, min-p, penalties, ...). Logits are ``randn * 3``; every row has a
+128-token prompt and a 64-token output for the penalties.
+
+Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# This file shares its name with the package: import the package, not itself.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace  # noqa: E402
+
+MIX = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(top_k=50, top_p=0.95),
+    SamplingParams(min_p=0.05),
+    SamplingParams(top_k=40, repetition_penalty=1.1),
+    SamplingParams(top_p=0.8, frequency_penalty=0.5, presence_penalty=0.3),
+    SamplingParams(temperature=1.2, top_k=100, top_p=0.9, min_p=0.02),
+    SamplingParams(temperature=0.9, repetition_penalty=1.05, top_p=0.95),
+]
+COMMON = SamplingParams(temperature=0.7, top_p=0.9)
+"""The common case: temperature and top-p, no top-k, no penalties."""
+
+
+def timed(fn: Callable[[], object], setup: Callable[[], object], reps: int, device: str) -> float:
+    """Median µs of ``fn`` over ``reps`` runs, each after an untimed ``setup``."""
+    times = []
+    for i in range(reps + 1):
+        setup()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first run warms up
+            times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def row_loop(
+    logits: torch.Tensor, params: list[SamplingParams], seen: torch.Tensor, out_ids: torch.Tensor
+) -> torch.Tensor:
+    """The per-request loop: every stage row by row, top-p by a full sort."""
+    tokens = []
+    for i, p in enumerate(params):
+        row = logits[i]
+        for t, b in p.logit_bias.items():
+            row[t] += b
+        if p.repetition_penalty != 1.0:
+            old = row[seen[i]]
+            row[seen[i]] = torch.where(old > 0, old / p.repetition_penalty, old * p.repetition_penalty)
+        if p.frequency_penalty or p.presence_penalty:
+            counts = torch.bincount(out_ids[i], minlength=row.numel()).float()
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+        if p.greedy:
+            tokens.append(row.argmax())
+            continue
+        row = row / p.temperature
+        if p.top_k is not None:
+            row = torch.where(row >= row.topk(p.top_k).values[-1], row, float("-inf"))
+        if p.top_p < 1:
+            sorted_logits, order = row.sort(descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = (cum - sorted_logits.softmax(-1)) >= p.top_p
+            row = row.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+        probs = row.softmax(-1)
+        if p.min_p:
+            probs = torch.where(probs >= p.min_p * probs.max(), probs, 0.0)
+        tokens.append(torch.multinomial(probs, 1)[0])
+    return torch.stack(tokens)
+
+
+def hf_chain(p: SamplingParams) -> LogitsProcessorList:
+    chain = LogitsProcessorList()
+    if p.repetition_penalty != 1.0:
+        chain.append(RepetitionPenaltyLogitsProcessor(p.repetition_penalty))
+    if not p.greedy:
+        chain.append(TemperatureLogitsWarper(p.temperature))
+        if p.top_k is not None:
+            chain.append(TopKLogitsWarper(p.top_k))
+        if p.top_p < 1:
+            chain.append(TopPLogitsWarper(p.top_p))
+        if p.min_p:
+            chain.append(MinPLogitsWarper(p.min_p))
+    return chain
+
+
+def hf_rows(logits: torch.Tensor, chains: list[LogitsProcessorList], params: list[SamplingParams], seen: torch.Tensor):
+    tokens = []
+    for i, (chain, p) in enumerate(zip(chains, params, strict=True)):
+        scores = chain(seen[i : i + 1], logits[i : i + 1])
+        tokens.append(scores.argmax(-1)[0] if p.greedy else torch.multinomial(scores.softmax(-1), 1)[0, 0])
+    return torch.stack(tokens)
+
+
+HF_BATCH = LogitsProcessorList(
+    [
+        RepetitionPenaltyLogitsProcessor(1.1),
+        TemperatureLogitsWarper(0.8),
+        TopKLogitsWarper(50),
+        TopPLogitsWarper(0.9),
+        MinPLogitsWarper(0.05),
+    ]
+)
+
+
+def bench_pipeline(batch: int, vocab: int, device: str, reps: int, slow_reps: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(batch * vocab)
+    source = (torch.randn(batch, vocab, generator=gen) * 3).to(device)
+    work = torch.empty_like(source)
+    prompts = torch.randint(0, vocab, (batch, 128), generator=gen)
+    outputs = torch.randint(0, vocab, (batch, 64), generator=gen)
+    seen = torch.cat([prompts, outputs], 1).to(device)
+    params = [MIX[(i + 1) % len(MIX)] for i in range(batch)]  # B = 1: a top-p row, not greedy
+    build = lambda ps: SamplingMetadata.build(
+        ps, vocab_size=vocab, device=device, prompt_token_ids=prompts, output_token_ids=outputs
+    )
+    metadata, common = build(params), build([COMMON] * batch)
+    sampler = Sampler()
+    refill = lambda: work.copy_(source)
+    chains = [hf_chain(p) for p in params]
+    out = {
+        "sampler": timed(lambda: sampler(work, metadata), refill, reps, device),
+        "+build": timed(lambda: sampler(work, build(params)), refill, reps, device),
+        "common": timed(lambda: sampler(work, common), refill, reps, device),
+        "row loop": timed(lambda: row_loop(work, params, seen, outputs.to(device)), refill, slow_reps, device),
+        "hf rows": timed(lambda: hf_rows(work, chains, params, seen), refill, slow_reps, device),
+        "hf batch": timed(lambda: torch.multinomial(HF_BATCH(seen, work).softmax(-1), 1), refill, slow_reps, device),
+        "clone": timed(source.clone, lambda: None, reps, device),
+        "copy": timed(lambda: work.copy_(source), lambda: None, reps, device),
+    }
+    return out
+
+
+def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, float]:
+    """Bitmask application; the three systems interleaved rep by rep, so load drifts hit all alike."""
+    import xgrammar as xgr
+
+    gen = torch.Generator().manual_seed(1)
+    source = torch.randn(batch, vocab, generator=gen).to(device)
+    work = torch.empty_like(source)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), generator=gen, dtype=torch.int32).to(device)
+    ready = torch.rand(batch, vocab, generator=gen).to(device) < 0.5
+    systems = {
+        "sampler": lambda: apply_token_bitmask_inplace(work, bitmask),
+        "xgrammar": lambda: xgr.apply_token_bitmask_inplace(work, bitmask),
+        "masked_fill_": lambda: work.masked_fill_(ready, float("-inf")),
+    }
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(reps):
+        for name, fn in systems.items():
+            times[name].append(timed(fn, lambda: work.copy_(source), 1, device))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, B <= 64")
+    args = parser.parse_args()
+    reps = 5 if args.quick else 20
+    batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
+    print(f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__}\n")
+    print("Pipeline, µs per step (median); ratios are other / sampler")
+    print(
+        "| B | V | sampler | +build | common | row loop | hf rows | hf batch | clone | copy_ | row loop / sampler "
+        "| hf rows / sampler | hf batch / sampler | common / clone | common / copy_ |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for vocab in (49_152, 128_256):
+        for batch in batches:
+            slow = max(1, min(reps, 200 // batch))
+            r = bench_pipeline(batch, vocab, args.device, reps, slow)
+            print(
+                f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['+build']:,.0f} | {r['common']:,.0f} "
+                f"| {r['row loop']:,.0f} | {r['hf rows']:,.0f} | {r['hf batch']:,.0f} | {r['clone']:,.0f} "
+                f"| {r['copy']:,.0f} | {r['row loop'] / r['sampler']:.1f}x | {r['hf rows'] / r['sampler']:.1f}x "
+                f"| {r['hf batch'] / r['sampler']:.1f}x | {r['common'] / r['clone']:.1f}x "
+                f"| {r['common'] / r['copy']:.1f}x |",
+                flush=True,
+            )
+    print("\nBitmask application, µs (median, systems interleaved)")
+    print("| B | V | sampler | xgrammar | masked_fill_ (ready bool mask) |")
+    print("|---|---|---|---|---|")
+    for batch, vocab in [(1, 49_152), (1, 128_256), (64, 128_256)]:
+        r = bench_bitmask(batch, vocab, args.device, reps * 50)
+        print(
+            f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['xgrammar']:,.0f} | {r['masked_fill_']:,.0f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pure tensor functions, one module per stage of the sampling pipeline."""

@@ -1,0 +1,89 @@
+"""Stage 1: the allowed-token bitmask.
+
+Layout (the one xgrammar uses): ``bitmask`` is int32 ``[n, ceil(V / 32)]``; token
+``t`` is allowed in row ``i`` iff bit ``t % 32`` of ``bitmask[i, t // 32]`` is set.
+Bits for ids ``>= V`` are ignored. Reference loop::
+
+    for i in range(n):
+        for t in range(V):
+            if not (bitmask[i, t // 32] >> (t % 32)) & 1:
+                logits[rows[i], t] = -inf
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+__all__ = ["apply_token_bitmask_inplace", "bitmask_penalty", "bitmask_size"]
+
+if sys.byteorder != "little":  # pragma: no cover - every torch target is little-endian today
+    raise ImportError("sampler.ops.bitmask assumes a little-endian byte order")
+
+_PENALTY_LUT: dict[torch.device, torch.Tensor] = {}
+
+
+def bitmask_size(vocab_size: int) -> int:
+    """Number of int32 words per row: ``ceil(vocab_size / 32)``."""
+    return (vocab_size + 31) // 32
+
+
+def _penalty_lut(device: torch.device) -> torch.Tensor:
+    """``[256, 8]`` float32: entry ``[b, j]`` is ``-inf`` when bit ``j`` of byte ``b`` is clear, else 0."""
+    lut = _PENALTY_LUT.get(device)
+    if lut is None:
+        byte = torch.arange(256, dtype=torch.int32).unsqueeze(1)  # [256, 1]
+        bit = torch.arange(8, dtype=torch.int32)  # [8]
+        clear = (byte >> bit) & 1 == 0  # [256, 8]
+        lut = torch.zeros(256, 8).masked_fill_(clear, float("-inf")).to(device)
+        _PENALTY_LUT[device] = lut
+    return lut
+
+
+def bitmask_penalty(
+    # [n, ceil(V / 32)] int32
+    bitmask: torch.Tensor,
+    vocab_size: int,
+) -> torch.Tensor:
+    """Return ``[n, vocab_size]`` float32: 0 where allowed, ``-inf`` where disallowed.
+
+    One gather from a 256-entry table per byte of the bitmask (little-endian
+    bytes hold tokens 8j..8j+7), no per-bit shifts. Does not mutate ``bitmask``.
+    """
+    n = bitmask.shape[0]
+    byte_idx = bitmask.contiguous().view(torch.uint8).flatten().int()  # [n * 4 * words]
+    return torch.index_select(_penalty_lut(bitmask.device), 0, byte_idx).view(n, -1)[:, :vocab_size]
+
+
+def apply_token_bitmask_inplace(
+    # [B, V] float32; modified in place
+    logits: torch.Tensor,
+    # [n, ceil(V / 32)] int32, on logits.device
+    bitmask: torch.Tensor,
+    # [n] int64: the logits row of each bitmask row; None means row i -> row i (n == B)
+    rows: torch.Tensor | None = None,
+) -> None:
+    """Set every disallowed logit to ``-inf``, in place, on the logits' device.
+
+    Implemented as adding the ``0 / -inf`` penalty of :func:`bitmask_penalty`:
+    one contiguous add, cheaper than a boolean ``masked_fill_``. (A ``+inf``
+    logit that is disallowed would become NaN; models do not produce ``+inf``.)
+    Rows of ``logits`` not named in ``rows`` are untouched.
+    """
+    if bitmask.dtype != torch.int32:
+        raise ValueError(f"token bitmask must be int32 (xgrammar's layout), got {bitmask.dtype}")
+    if bitmask.device != logits.device:
+        raise ValueError(f"token bitmask is on {bitmask.device} but logits on {logits.device}: move it first")
+    vocab_size = logits.shape[-1]
+    if bitmask.shape[-1] < bitmask_size(vocab_size):
+        raise ValueError(
+            f"token bitmask has {bitmask.shape[-1]} words per row; vocab {vocab_size} needs {bitmask_size(vocab_size)}"
+        )
+    penalty = bitmask_penalty(bitmask, vocab_size)  # [n, V]
+    if rows is None:
+        if bitmask.shape[0] != logits.shape[0]:
+            raise ValueError(f"token bitmask has {bitmask.shape[0]} rows for {logits.shape[0]} logits rows: pass rows=")
+        logits.add_(penalty)
+    else:
+        logits.index_add_(0, rows, penalty.to(logits.dtype))

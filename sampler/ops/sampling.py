@@ -1,0 +1,227 @@
+"""Stage 10: drawing a token, without sorting the vocabulary.
+
+Three ops:
+
+- :func:`inverse_cdf_sample` draws from unnormalised weights with one uniform
+  per row: block sums, then a search inside one block of 256. One read of the
+  weights (float32 block sums, float64 prefix sums), and only ``n`` random numbers.
+- :func:`sample_window` serves rows with a small top-k: everything happens on
+  the ``topk`` window (softmax, top-p, min-p, the draw).
+- :func:`sample_top_p_rejection` serves rows without a small top-k: top-p by
+  rejection with a rising pivot (the idea of FlashInfer's sorting-free
+  samplers). Draw ``j`` from the support above the pivot; accept it if it lies
+  in the nucleus, i.e. ``mass(p > p_j) < top_p * total``; otherwise raise the
+  pivot to ``p_j`` and draw again from what is above it. Conditioned on
+  acceptance the draw is proportional to ``p`` over the nucleus, so the result
+  is exact, and one round usually suffices (a first draw lands in the nucleus
+  with probability about ``top_p``).
+
+Tokens are searched in vocabulary order, so a draw depends only on the row's
+values and its uniform: the same request gives the same token in any batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sampler.ops.topk_topp import top_p_threshold
+from sampler.rng import Stream, uniform
+
+__all__ = ["MAX_REJECTION_ROUNDS", "block_sums", "inverse_cdf_sample", "sample_top_p_rejection", "sample_window"]
+
+BLOCK = 256
+"""Tokens per block of the two-level inverse-CDF search."""
+
+MAX_REJECTION_ROUNDS = 16
+"""Rows still rejected after this many rounds take the exact threshold path."""
+
+
+def _last_positive(
+    # [n, w] float
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` index of the last positive weight of each row (0 if none)."""
+    positive = weights > 0  # [n, w]
+    last = (weights.shape[1] - 1) - positive.flip(-1).to(torch.int8).argmax(-1)
+    return torch.where(positive.any(-1), last, 0)
+
+
+def _search(
+    # [n, w] float, >= 0
+    weights: torch.Tensor,
+    # [n] float64, in [0, weights.sum(-1)]
+    target: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` first index whose inclusive float64 cumulative sum exceeds ``target``.
+
+    Never returns an index past the last positive weight (guards rounding).
+    """
+    cdf = weights.to(torch.float64).cumsum(-1)  # [n, w]
+    pos = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [n]
+    return torch.minimum(pos, _last_positive(weights))
+
+
+def block_sums(
+    # [n, V] float, >= 0
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """``[n, ceil(V / BLOCK)]`` float64 sums of consecutive blocks of ``BLOCK`` tokens.
+
+    Summed in the weights' dtype, then widened (widening first would copy the
+    whole tensor).
+    """
+    n, vocab = weights.shape
+    full = vocab // BLOCK
+    parts = []
+    if full:
+        parts.append(weights[:, : full * BLOCK].reshape(n, full, BLOCK).sum(-1))  # a view
+    if vocab % BLOCK:
+        parts.append(weights[:, full * BLOCK :].sum(-1, keepdim=True))
+    return (torch.cat(parts, 1) if len(parts) > 1 else parts[0]).double()
+
+
+def inverse_cdf_sample(
+    # [n, V] float, >= 0, unnormalised; not mutated
+    weights: torch.Tensor,
+    # [n] float64 in [0, 1)
+    u: torch.Tensor,
+    # [n, ceil(V / BLOCK)] float64 or None: block_sums(weights), if already known
+    block_mass: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return ``[n]`` int64 token ids drawn with probability proportional to ``weights``.
+
+    A row whose weights are all zero returns an arbitrary id; callers detect such rows.
+    """
+    vocab = weights.shape[1]
+    if block_mass is None:
+        block_mass = block_sums(weights)  # [n, num_blocks]
+    cdf = block_mass.cumsum(-1)  # [n, num_blocks]
+    target = u * cdf[:, -1]  # [n]
+    block = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [n]
+    block = torch.minimum(block, _last_positive(block_mass))
+    before = cdf.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [n]
+    before = torch.where(block > 0, before, torch.zeros_like(before))
+    offsets = block.unsqueeze(1) * BLOCK + torch.arange(BLOCK, device=weights.device)  # [n, BLOCK]
+    in_vocab = offsets < vocab
+    local = weights.gather(1, offsets.clamp(max=vocab - 1)) * in_vocab  # [n, BLOCK]
+    return block * BLOCK + _search(local, (target - before).clamp(min=0))
+
+
+def sample_window(
+    # [n, w] float32: temperature-scaled logits of the topk window, descending; -inf past each row's k
+    values: torch.Tensor,
+    # [n, w] int64: their token ids
+    token_ids: torch.Tensor,
+    # [n] float32 in (0, 1]
+    top_p: torch.Tensor,
+    # [n] float32 in [0, 1]
+    min_p: torch.Tensor,
+    # [n] float64 in [0, 1)
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """Top-p and min-p inside a top-k window, then a draw. Returns ``[n]`` int64 ids.
+
+    Rows must have a finite first value. Does not mutate its inputs.
+    """
+    probs = torch.softmax(values, dim=-1)  # [n, w], descending
+    before = probs.cumsum(-1) - probs  # [n, w] mass strictly ahead in sorted order
+    last = (before < top_p.unsqueeze(1)).sum(-1, keepdim=True) - 1  # [n, 1] crossing position
+    keep = values >= values.gather(1, last)  # ties with the crossing token stay
+    keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+    order = token_ids.argsort(-1)  # [n, w] vocabulary order: batch-invariant draws
+    weights = (probs * keep).gather(1, order)  # [n, w]
+    pos = _search(weights, u * weights.sum(-1, dtype=torch.float64))  # [n]
+    return token_ids.gather(1, order).gather(1, pos.unsqueeze(1)).squeeze(1)
+
+
+def _mass_above_inplace(
+    # [n, V] float32, >= 0; overwritten
+    probs: torch.Tensor,
+    # [n] float32
+    pivot: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` float64 ``sum(probs[probs > pivot])``, as relu-sum + pivot x count (no bool tensors).
+
+    Destroys ``probs``: pass a copy.
+    """
+    excess = probs.sub_(pivot.unsqueeze(1)).clamp_(min=0)  # [n, V]
+    total = excess.sum(-1).double()
+    count = excess.sign_().sum(-1).double()
+    return total + pivot.to(torch.float64) * count
+
+
+def _above(
+    # [n, V] float32, >= 0
+    probs: torch.Tensor,
+    # [n] float32: keep probs strictly above
+    pivot: torch.Tensor,
+    # [n, V] float32 scratch, overwritten and returned
+    scratch: torch.Tensor,
+) -> torch.Tensor:
+    """``probs * (probs > pivot)`` written into ``scratch``."""
+    return torch.sub(probs, pivot.unsqueeze(1), out=scratch).sign_().clamp_(min=0).mul_(probs)
+
+
+def sample_top_p_rejection(
+    # [n, V] float32, >= 0: probabilities (normalised or not); 0 for tokens outside top-k. Not mutated.
+    probs: torch.Tensor,
+    # [n] float32 in (0, 1]
+    top_p: torch.Tensor,
+    # [n] float32: keep probs >= this (min_p x the row's largest prob); 0 means none
+    min_prob: torch.Tensor,
+    # [n] int64: rng.row_keys of each row
+    keys: torch.Tensor,
+    # [>= 2n, V] float32 or None: scratch space, overwritten (allocated if None)
+    scratch: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return ``[n]`` int64 ids drawn from the top-p nucleus, intersected with min-p.
+
+    Rows need a positive maximum. Uses stream ``Stream.SAMPLE + round`` of
+    :func:`sampler.rng.uniform`. Later rounds copy their rows into the second
+    half of ``scratch`` (a reused buffer: fresh pages cost as much as a pass).
+    """
+    n = probs.shape[0]
+    device = probs.device
+    if scratch is None:
+        scratch = torch.empty(2 * n, probs.shape[1], dtype=probs.dtype, device=device)
+    work, subset = scratch[:n], scratch[n : 2 * n]  # [n, V] each
+    tokens = torch.empty(n, dtype=torch.int64, device=device)
+    first_blocks = block_sums(probs)  # [n, num_blocks]
+    target = first_blocks.sum(-1) * top_p.double()  # [n] nucleus mass
+    # min-p keeps probs >= min_prob: strictly above the float just below it
+    pivot = torch.where(
+        min_prob > 0, torch.nextafter(min_prob, torch.zeros_like(min_prob)), torch.full_like(min_prob, -1.0)
+    )
+    rows = torch.arange(n, device=device)  # rows still drawing, as indices into the batch
+    rows_probs = probs  # [m, V] their probabilities
+    for round_ in range(MAX_REJECTION_ROUNDS):
+        m = rows.numel()
+        if round_ == 0 and bool((pivot < 0).all()):
+            weights, mass = probs, first_blocks  # [m, V], [m, num_blocks]
+        else:
+            weights = _above(rows_probs, pivot, work[:m])
+            mass = block_sums(weights)
+        drawn = inverse_cdf_sample(weights, uniform(keys[rows], Stream.SAMPLE + round_), mass)  # [m]
+        tokens[rows] = drawn
+        checked = top_p[rows] < 1
+        if not bool(checked.any()):
+            return tokens
+        drawn_prob = rows_probs.gather(1, drawn.unsqueeze(1)).squeeze(1)  # [m]
+        # Free bound first: a token above drawn_prob makes its block's mass exceed drawn_prob, so all
+        # the mass above it lies in such blocks (and above the pivot too, so `weights` holds it all).
+        upper = torch.where(mass > drawn_prob.unsqueeze(1).double(), mass, 0.0).sum(-1)  # [m]
+        unsure = (checked & (upper >= target[rows])).nonzero().squeeze(1)  # [x]
+        rejected = torch.zeros_like(checked)
+        if unsure.numel():  # measure those exactly, on a copy
+            copy = torch.index_select(rows_probs, 0, unsure, out=work[: unsure.numel()])
+            rejected[unsure] = _mass_above_inplace(copy, drawn_prob[unsure]) >= target[rows[unsure]]
+        if not bool(rejected.any()):
+            return tokens
+        rows, pivot = rows[rejected], torch.maximum(pivot[rejected], drawn_prob[rejected])
+        rows_probs = torch.index_select(probs, 0, rows, out=subset[: rows.numel()])
+    # Rare: fall back to the exact nucleus threshold for the rows still drawing.
+    nucleus_floor = top_p_threshold(rows_probs, top_p[rows])  # [m]
+    floor = torch.maximum(nucleus_floor, min_prob[rows])
+    weights = _above(rows_probs, torch.nextafter(floor, torch.zeros_like(floor)), work[: rows.numel()])
+    tokens[rows] = inverse_cdf_sample(weights, uniform(keys[rows], Stream.SAMPLE + MAX_REJECTION_ROUNDS))
+    return tokens

@@ -1,0 +1,80 @@
+"""A counter-based random generator: uniforms as a pure function of (seed, counter, stream).
+
+Why not ``torch.Generator``: a request's randomness must not depend on which
+batch it runs in, nor at which row, and the batch must be served without a
+Python loop over its rows. A stateful generator per request gives the first but
+not the second; one generator for the batch gives the second but not the first.
+A counter-based generator (the idea behind Philox, which CUDA's torch uses)
+gives both: each row's uniform is ``hash(hash(seed, counter), stream)``,
+computed for all rows at once with integer tensor ops on any device.
+
+The hash (see :func:`_hash32`) is chained over the 32-bit words of the key.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+
+__all__ = ["Stream", "row_keys", "uniform"]
+
+_MASK32 = 0xFFFFFFFF
+
+_Int = TypeVar("_Int", int, torch.Tensor)
+
+
+class Stream:
+    """Named streams keep the uses of randomness at one step independent."""
+
+    SAMPLE = 0x5A3C_0001
+    """Round ``r`` of a top-p rejection loop uses ``SAMPLE + r``."""
+    ACCEPT = 0x71E2_0000
+    """Acceptance test of a draft token in the rejection sampler."""
+    RECOVER = 0x2B9D_0000
+    """Sampling of the recovered (or bonus) token in the rejection sampler."""
+
+
+def _hash32(x: _Int) -> _Int:
+    """A 32-bit integer hash; works on Python ints and on int64 tensors holding 32-bit values.
+
+    Wellons' ``[16 21f0aaad 15 735a2d97 15]`` (bias ~0.107, among the best two-multiply
+    hashes found). Both multipliers are below 2**31, so ``x * c < 2**63``: no int64 overflow.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _MASK32
+    return x ^ (x >> 15)
+
+
+def row_keys(
+    # [n] int64, each in [0, 2**63)
+    seeds: torch.Tensor,
+    # [n] int64, each in [0, 2**32): the request's position (e.g. its output length)
+    counters: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` int64 32-bit keys: one per (seed, counter), the input of :func:`uniform`.
+
+    Computed once per step (by ``SamplingMetadata.build``), so that each draw
+    afterwards costs only the few ops of :func:`uniform`. Does not mutate its inputs.
+    """
+    seeds = seeds.to(torch.int64)
+    h = _hash32((counters.to(torch.int64) & _MASK32) ^ 0x2545F491)
+    h = _hash32(h ^ (seeds & _MASK32))
+    return _hash32(h ^ ((seeds >> 32) & _MASK32))
+
+
+def uniform(
+    # [n] int64 from row_keys
+    keys: torch.Tensor,
+    stream: int,
+) -> torch.Tensor:
+    """Return ``[n]`` float64 uniforms in ``[0, 1)`` with 53 random bits each.
+
+    Pure function of ``(keys[i], stream)``; does not mutate its inputs.
+    """
+    h = _hash32(keys ^ _hash32(stream & _MASK32))
+    a = _hash32(h ^ 0x9E3779B9)  # 32 bits
+    b = _hash32(h ^ 0x85EBCA6B) >> 11  # 21 bits
+    return ((a << 21) | b).to(torch.float64) * (2.0**-53)  # [n]

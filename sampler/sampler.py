@@ -1,0 +1,330 @@
+"""The orchestrator: logits -> token ids, for a batch with per-row parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sampler.metadata import SamplingMetadata, TokenIds
+from sampler.ops.bitmask import apply_token_bitmask_inplace
+from sampler.ops.logprobs import gather_logprobs
+from sampler.ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
+from sampler.ops.sampling import sample_top_p_rejection, sample_window
+from sampler.ops.topk_topp import apply_top_k_top_p_min_p, top_k_threshold
+from sampler.params import SamplingParams
+from sampler.rng import Stream, uniform
+
+__all__ = ["LogprobsOutput", "Sampler", "SamplerOutput", "sample"]
+
+
+@dataclass(slots=True)
+class LogprobsOutput:
+    """Logprobs for the rows that asked; NaN / -1 in rows that did not."""
+
+    sampled: torch.Tensor  # [B] float32: the sampled token's logprob
+    top_token_ids: torch.Tensor  # [B, N] int64, N = the batch's largest request
+    top_logprobs: torch.Tensor  # [B, N] float32, descending
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """One step's result."""
+
+    token_ids: torch.Tensor  # [B] int64; -1 where no token was allowed
+    no_token_allowed: torch.Tensor  # [B] bool: every logit was -inf after the bitmask (and bias/penalties)
+    logprobs: LogprobsOutput | None  # None when no row asked
+
+
+class Sampler:
+    """Turns a batch of logits into one token per row. Per-row parameters come
+    as a :class:`SamplingMetadata`; the batch is never looped over in Python,
+    and a stage that no row uses is skipped.
+
+    Pipeline, in this order:
+
+    1. Logits are computed on in float32 (fp16/bf16 input is converted).
+    2. Token bitmask: disallowed tokens of constrained rows become ``-inf``.
+    3. Logit bias is added.
+    4. Penalties: repetition (prompt and output), presence, frequency.
+    5. Greedy rows (``temperature == 0``) take the argmax here; steps 6-9 skip them.
+    6. Temperature divides the logits.
+    7. Top-k: keep logits >= the k-th largest (a ``topk`` window for k <= 128,
+       a threshold otherwise).
+    8. Top-p over the top-k survivors, renormalised; no vocabulary sort (a
+       ``topk`` window, or rejection with a rising pivot).
+    9. Min-p: keep probabilities >= ``min_p`` x the largest.
+    10. Draw: inverse CDF with one counter-based uniform per row, keyed by
+        ``(seed, output length)``; a row whose tokens are all ``-inf`` yields
+        ``-1`` and is flagged in ``no_token_allowed``.
+    11. Logprobs for the rows that asked, from the distribution of step 10
+        (``"processed"``) or of the input logits (``"raw"``).
+
+    The sampler keeps scratch buffers between calls (it is not thread-safe;
+    use one per thread). A call may modify ``logits`` in place (stages 2-4)
+    when they are float32.
+    """
+
+    def __init__(self) -> None:
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        """A reusable float32 ``[rows, cols]`` buffer (fresh pages cost a pass)."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.device != device or buf.shape[1] != cols or buf.shape[0] < rows:
+            buf = torch.empty(rows, cols, dtype=torch.float32, device=device)
+            self._scratch[name] = buf
+        return buf[:rows]
+
+    def __call__(
+        self,
+        # [B, V] float32 / float16 / bfloat16; float32 input may be modified in place
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+    ) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != metadata.batch_size or logits.shape[1] != metadata.vocab_size:
+            raise ValueError(
+                f"logits have shape {tuple(logits.shape)}; the metadata was built for "
+                f"[{metadata.batch_size}, {metadata.vocab_size}]"
+            )
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be floating point, got {logits.dtype}")
+        md = metadata
+        device = logits.device
+        batch, vocab = logits.shape
+        raw_logprobs = None
+        if md.raw_logprob_rows.numel():  # 11 (raw), read before anything changes the logits
+            raw_logprobs = torch.log_softmax(logits[md.raw_logprob_rows].float(), dim=-1)  # [r, V]
+
+        logits = _process(logits, md)  # 1.-4.
+
+        token_ids = torch.full((batch,), -1, dtype=torch.int64, device=device)  # [B]
+        dead = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
+        if md.greedy_rows.numel():  # 5.
+            best, best_ids = logits[md.greedy_rows].max(dim=-1)  # [g] each
+            token_ids[md.greedy_rows] = best_ids
+            dead[md.greedy_rows] = best == float("-inf")
+        rows, kth = md.full_rows, None  # kth: [f] top-k thresholds, None when no full row has a top-k
+        if rows.numel() and bool((md.top_k[rows] < vocab).any()):
+            kth = _kth(logits, md, rows)
+        if md.window_rows.numel():  # 6.-10. for small top-k
+            tied_rows, tied_kth = self._sample_windows(logits, md, token_ids, dead)
+            if tied_rows.numel():
+                known = kth if kth is not None else torch.full((rows.numel(),), float("-inf"), device=device)
+                rows, kth = torch.cat([rows, tied_rows]), torch.cat([known, tied_kth])
+        if rows.numel():  # 6.-10. for the rest
+            self._sample_full(logits, md, rows, kth, token_ids, dead)
+        token_ids[dead] = -1
+
+        logprobs = None
+        if md.max_num_logprobs is not None:  # 11.
+            logprobs = self._logprobs(logits, md, token_ids, raw_logprobs)
+        return SamplerOutput(token_ids=token_ids, no_token_allowed=dead, logprobs=logprobs)
+
+    def _sample_windows(
+        self,
+        # [B, V] float32
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        # [B] int64 / bool, written for the window rows
+        token_ids: torch.Tensor,
+        dead: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample the small-top-k rows inside their ``topk`` window.
+
+        A row whose k-th and (k+1)-th logits tie may keep more than the window
+        holds: it is handed to the full path. Returns those rows ``[t]`` and
+        their top-k thresholds ``[t]``.
+        """
+        rows = md.window_rows  # [w]
+        k = md.top_k[rows]  # [w]
+        width = min(int(k.max()) + 1, md.vocab_size)
+        values, ids = logits[rows].topk(width, dim=-1)  # [w, width] each, descending
+        kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)  # [w]
+        after = values.gather(1, k.clamp(max=width - 1).unsqueeze(1)).squeeze(1)  # [w] the (k+1)-th
+        tied = (k < width) & (after == kth) & (kth > float("-inf"))
+        row_dead = values[:, 0] == float("-inf")
+        dead[rows] = row_dead
+        ok = ~(tied | row_dead)
+        if bool(ok.any()):
+            r = rows[ok]
+            v = values[ok] / md.temperature[r].unsqueeze(1)  # [m, width]
+            past_k = torch.arange(width, device=logits.device) >= k[ok].unsqueeze(1)  # [m, width]
+            v.masked_fill_(past_k, float("-inf"))
+            u = uniform(md.keys[r], Stream.SAMPLE)
+            token_ids[r] = sample_window(v, ids[ok], md.top_p[r], md.min_p[r], u)
+        return rows[tied], kth[tied]
+
+    def _sample_full(
+        self,
+        # [B, V] float32
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        # [f] int64
+        rows: torch.Tensor,
+        # [f] float32 or None: top-k thresholds on the unscaled logits (-inf: none)
+        kth: torch.Tensor | None,
+        # [B] int64 / bool, written for ``rows``
+        token_ids: torch.Tensor,
+        dead: torch.Tensor,
+    ) -> None:
+        """Sample rows over the whole vocabulary, without sorting."""
+        f, vocab = rows.numel(), md.vocab_size
+        scaled = self._buffer("scaled", f, vocab, logits.device)  # [f, V]
+        inv_temperature = md.temperature[rows].reciprocal().unsqueeze(1)  # [f, 1]; multiplying is cheaper
+        if kth is None and f == logits.shape[0]:  # every row, in order: one pass
+            torch.mul(logits, inv_temperature, out=scaled)  # 6.
+        else:
+            torch.index_select(logits, 0, rows, out=scaled)
+            if kth is not None:  # 7. (k > 128, or ties at the k-th logit)
+                scaled.masked_fill_(scaled < kth.unsqueeze(1), float("-inf"))
+            scaled.mul_(inv_temperature)  # 6.
+        # In-place softmax through the ATen out= overload: a fresh [f, V] result
+        # would cost a page-faulting allocation, as much as the softmax itself on CPU.
+        probs = torch.ops.aten._softmax.out(scaled, -1, False, out=scaled)  # [f, V]
+        row_dead = probs[:, 0].isnan()  # [f]: softmax of an all -inf row is NaN throughout
+        dead[rows] = row_dead
+        live = ~row_dead
+        if not bool(live.all()):
+            rows, probs = rows[live], probs[live]
+        min_p = md.min_p[rows]  # [f], relative to the row's largest probability
+        min_prob = min_p * probs.amax(-1) if bool((min_p > 0).any()) else min_p  # [f]
+        scratch = self._buffer("scratch", 2 * probs.shape[0], vocab, logits.device)
+        token_ids[rows] = sample_top_p_rejection(  # 8.-10.
+            probs, md.top_p[rows], min_prob, md.keys[rows], scratch
+        )
+
+    def _logprobs(
+        self,
+        # [B, V] float32: after stages 1-4
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        # [B] int64
+        token_ids: torch.Tensor,
+        # [r, V] float32 or None
+        raw_logprobs: torch.Tensor | None,
+    ) -> LogprobsOutput:
+        """Stage 11: see :class:`~sampler.params.SamplingParams` ``logprobs_mode``."""
+        batch, n = token_ids.shape[0], max(md.max_num_logprobs or 0, 1)
+        out = LogprobsOutput(
+            sampled=torch.full((batch,), float("nan"), device=logits.device),
+            top_token_ids=torch.full((batch, n), -1, dtype=torch.int64, device=logits.device),
+            top_logprobs=torch.full((batch, n), float("nan"), device=logits.device),
+        )
+        processed = md.processed_logprob_rows
+        for rows, logprobs in (
+            (md.raw_logprob_rows, raw_logprobs),
+            (processed, self._processed_logprobs(logits, md, processed) if processed.numel() else None),
+        ):
+            if logprobs is None:
+                continue
+            sampled, top_ids, top_vals = gather_logprobs(logprobs, token_ids[rows], n)
+            out.sampled[rows], out.top_token_ids[rows], out.top_logprobs[rows] = sampled, top_ids, top_vals
+        if md.max_num_logprobs == 0:
+            out.top_token_ids, out.top_logprobs = out.top_token_ids[:, :0], out.top_logprobs[:, :0]
+        return out
+
+    @staticmethod
+    def _processed_logprobs(
+        # [B, V] float32: after stages 1-4
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        # [p] int64
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[p, V]`` log-probabilities of the final sampling distribution of ``rows``."""
+        scaled = logits[rows] / md.temperature[rows].unsqueeze(1)  # greedy rows: temperature 1
+        greedy = torch.isin(rows, md.greedy_rows)  # [p]
+        top_k = torch.where(greedy, md.vocab_size, md.top_k[rows])
+        top_p = torch.where(greedy, 1.0, md.top_p[rows])
+        min_p = torch.where(greedy, 0.0, md.min_p[rows])
+        return torch.log_softmax(apply_top_k_top_p_min_p(scaled, top_k, top_p, min_p), dim=-1)
+
+    def probs(
+        self,
+        # [B, V] float; float32 input may be modified in place (stages 2-4)
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+    ) -> torch.Tensor:
+        """Return ``[B, V]`` float32: each row's final sampling distribution.
+
+        Greedy rows get a one-hot at their argmax; rows with no allowed token
+        get all zeros. This is the target distribution for the rejection sampler.
+        """
+        md = metadata
+        logits = _process(logits, md)
+        sampled = torch.cat([md.window_rows, md.full_rows])
+        probs = torch.zeros_like(logits)  # [B, V]
+        if sampled.numel():
+            probs[sampled] = self._processed_logprobs(logits, md, sampled).exp()
+        if md.greedy_rows.numel():
+            best, best_ids = logits[md.greedy_rows].max(dim=-1)
+            one_hot = torch.zeros_like(logits[md.greedy_rows])
+            one_hot.scatter_(1, best_ids.unsqueeze(1), (best > float("-inf")).float().unsqueeze(1))
+            probs[md.greedy_rows] = one_hot
+        return probs
+
+
+def _process(
+    # [B, V] float; float32 input is modified in place
+    logits: torch.Tensor,
+    md: SamplingMetadata,
+) -> torch.Tensor:
+    """Stages 1-4: float32, bitmask, logit bias, penalties. Returns the float32 logits."""
+    logits = logits.float()  # 1. a no-op for float32
+    if md.token_bitmask is not None:  # 2.
+        apply_token_bitmask_inplace(logits, md.token_bitmask, md.bitmask_rows)
+    if md.logit_bias is not None:  # 3.
+        apply_logit_bias_inplace(logits, *md.logit_bias)
+    if md.penalties is not None:  # 4.
+        p = md.penalties
+        apply_penalties_inplace(logits, p.seen_ids, p.output_ids, p.output_valid, p.repetition, p.frequency, p.presence)
+    return logits
+
+
+def _kth(
+    # [B, V] float32
+    logits: torch.Tensor,
+    md: SamplingMetadata,
+    # [f] int64
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """``[f]`` k-th largest logits of ``rows`` (``-inf`` where top-k is off)."""
+    return top_k_threshold(logits[rows], md.top_k[rows])
+
+
+def sample(
+    # [B, V] float32 / float16 / bfloat16, any device; not modified
+    logits: torch.Tensor,
+    params: SamplingParams | Sequence[SamplingParams],
+    *,
+    prompt_token_ids: TokenIds = None,
+    output_token_ids: TokenIds = None,
+    # [B, ceil(V / 32)] int32; a row of all -1 (every bit set) is unconstrained
+    token_bitmask: torch.Tensor | None = None,
+) -> SamplerOutput:
+    """Sample one token per row: the stateless convenience over :class:`Sampler`.
+
+    ``params`` is one :class:`SamplingParams` for every row, or a list of B.
+    See :class:`Sampler` for the pipeline and :class:`SamplerOutput` for the result.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    batch, vocab = logits.shape
+    if isinstance(params, SamplingParams):
+        params = [params] * batch
+    elif len(params) != batch:
+        raise ValueError(f"got {len(params)} SamplingParams for {batch} logits rows: pass one, or one per row")
+    metadata = SamplingMetadata.build(
+        params,
+        vocab_size=vocab,
+        device=logits.device,
+        prompt_token_ids=prompt_token_ids,
+        output_token_ids=output_token_ids,
+        token_bitmask=token_bitmask,
+    )
+    touches_logits = token_bitmask is not None or metadata.logit_bias is not None or metadata.penalties is not None
+    if touches_logits and logits.dtype == torch.float32:
+        logits = logits.clone()
+    return Sampler()(logits, metadata)
