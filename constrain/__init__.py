@@ -1,9 +1,65 @@
 """``constrain``: structured generation with language models.
 
-The constraint compiler, matchers and the generation loop land here next (see
-the issues); today the package re-exports the sampler it builds on.
+Constraints (``json_schema``, ``json_object``, ``regex``, ``grammar``, ``choice``)
+compile for a tokenizer (``compile``, cached) into a ``CompiledConstraint``,
+whose per-request ``Matcher`` fills token bitmasks that ``sampler`` applies.
 """
 
+from constrain.compiler import CompiledConstraint, cache_stats, compile
+from constrain.constraints import (
+    Choice,
+    Constraint,
+    Grammar,
+    JsonSchema,
+    Regex,
+    choice,
+    grammar,
+    json_object,
+    json_schema,
+    regex,
+)
+from constrain.errors import (
+    CompileError,
+    ConstraintError,
+    GrammarError,
+    RegexError,
+    SchemaError,
+    UnsupportedSchemaError,
+)
+from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.models import ModelNotFoundError, load_tokenizer
+from constrain.schema import CoverageEntry
+from constrain.tokenizer import TokenizerInfo, tokenizer_info
 from sampler import SamplingParams, sample
 
-__all__ = ["SamplingParams", "sample"]
+__all__ = [
+    "Choice",
+    "CompileError",
+    "CompiledConstraint",
+    "Constraint",
+    "ConstraintError",
+    "CoverageEntry",
+    "Grammar",
+    "GrammarError",
+    "JsonSchema",
+    "Matcher",
+    "ModelNotFoundError",
+    "Regex",
+    "RegexError",
+    "SamplingParams",
+    "SchemaError",
+    "TokenizerInfo",
+    "UnsupportedSchemaError",
+    "allocate_token_bitmask",
+    "cache_stats",
+    "choice",
+    "compile",
+    "fill_next_token_bitmasks",
+    "grammar",
+    "json_object",
+    "json_schema",
+    "load_tokenizer",
+    "regex",
+    "sample",
+    "tokenizer_info",
+]

@@ -1,0 +1,83 @@
+"""A thread-safe LRU cache bounded in bytes, that compiles each key once even under concurrency."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from typing import Generic, TypeVar
+
+__all__ = ["ByteLRU"]
+
+V = TypeVar("V")
+
+
+class ByteLRU(Generic[V]):
+    """Least-recently-used cache whose bound is the total ``size(value)`` in bytes.
+
+    ``get_or_create(key, create)`` runs ``create`` once per key: a second thread
+    asking for a key being created waits for that result (or its exception,
+    which is not cached). A value larger than the whole bound is returned but not kept.
+    """
+
+    def __init__(self, max_bytes: int, size: Callable[[V], int]) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._size = size
+        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._pending: dict[Hashable, Future[V]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get_or_create(self, key: Hashable, create: Callable[[], V]) -> V:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key][0]
+            pending = self._pending.get(key)
+            if pending is None:
+                self.misses += 1
+                mine: Future[V] = Future()
+                self._pending[key] = mine
+        if pending is not None:
+            return pending.result()
+        try:
+            value = create()
+        except BaseException as err:
+            with self._lock:
+                del self._pending[key]
+            mine.set_exception(err)
+            raise
+        with self._lock:
+            del self._pending[key]
+            self._insert(key, value)
+        mine.set_result(value)
+        return value
+
+    def _insert(self, key: Hashable, value: V) -> None:
+        nbytes = self._size(value)
+        if nbytes > self.max_bytes:
+            return
+        self._items[key] = (value, nbytes)
+        self._bytes += nbytes
+        while self._bytes > self.max_bytes:
+            _, (_, freed) = self._items.popitem(last=False)
+            self._bytes -= freed
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0

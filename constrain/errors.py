@@ -1,0 +1,68 @@
+"""The exception hierarchy of ``constrain``: every user error derives from :class:`ConstraintError`.
+
+Errors are raised when a constraint is built or compiled, never mid-generation;
+each names its culprit (a JSON pointer, a regex position, a grammar line and column).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompileError",
+    "ConstraintError",
+    "GrammarError",
+    "RegexError",
+    "SchemaError",
+    "UnsupportedSchemaError",
+]
+
+
+class ConstraintError(Exception):
+    """Base class of the errors ``constrain`` raises for a bad constraint."""
+
+
+class SchemaError(ConstraintError, ValueError):
+    """The JSON Schema is malformed. ``pointer`` is the JSON pointer of the culprit."""
+
+    def __init__(self, message: str, pointer: str = "") -> None:
+        self.pointer = pointer
+        super().__init__(f"invalid JSON Schema at '{pointer or '/'}': {message}")
+
+
+class UnsupportedSchemaError(ConstraintError):
+    """A keyword can be neither enforced by the grammar nor checked afterwards (strict mode).
+
+    ``keyword`` and ``pointer`` name it; ``json_schema(..., lenient=True)`` turns
+    the refusal into a reported approximation.
+    """
+
+    def __init__(self, keyword: str, pointer: str, reason: str) -> None:
+        self.keyword = keyword
+        self.pointer = pointer
+        super().__init__(
+            f"unsupported JSON Schema keyword '{keyword}' at '{pointer or '/'}': {reason} "
+            "(json_schema(..., lenient=True) accepts it as a reported approximation)"
+        )
+
+
+class RegexError(ConstraintError, ValueError):
+    """The regular expression is malformed or uses a feature the engine lacks; ``position`` is 0-based."""
+
+    def __init__(self, pattern: str, message: str, position: int | None = None) -> None:
+        self.pattern = pattern
+        self.position = position
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"invalid regex {pattern!r}{where}: {message}")
+
+
+class GrammarError(ConstraintError, ValueError):
+    """The EBNF grammar is malformed; ``line`` and ``column`` are 1-based when known."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        self.line = line
+        self.column = column
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"invalid grammar{where}: {message}")
+
+
+class CompileError(ConstraintError):
+    """The grammar engine could not compile the constraint (or ran past the time budget)."""

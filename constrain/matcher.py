@@ -1,0 +1,143 @@
+"""Per-request grammar state, and the token bitmasks it fills.
+
+The loop a matcher serves, per decode step:
+
+1. ``fill_next_token_bitmask(bitmask, row)``: the allowed tokens (xgrammar's
+   int32 layout, ``[batch, ceil(V / 32)]``); ``sampler`` applies it to the logits;
+2. sample a token;
+3. ``accept_token(token)``: advance (``False`` if the grammar rejects it: the
+   state is unchanged, nothing raises);
+4. ``forced_text()``: text the grammar allows as the only continuation (jump-forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import xgrammar as xgr
+
+if TYPE_CHECKING:
+    from constrain.compiler import CompiledConstraint
+
+__all__ = ["Matcher", "allocate_token_bitmask", "fill_next_token_bitmasks"]
+
+
+def allocate_token_bitmask(batch_size: int, vocab_size: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A ``[batch_size, ceil(vocab_size / 32)]`` int32 bitmask with every token allowed.
+
+    Fill it on the CPU (the matchers write host memory), then move it to the
+    logits' device for the sampler.
+    """
+    if batch_size < 1 or vocab_size < 1:
+        raise ValueError(f"batch_size and vocab_size must be positive, got {batch_size} and {vocab_size}")
+    return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device)
+
+
+class Matcher:
+    """The grammar state of one request. Cheap to create; not thread-safe (one request, one thread).
+
+    EOS ids are allowed exactly when the grammar can end, and accepting one
+    terminates the matcher.
+    """
+
+    def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
+        self.compiled = compiled
+        self._max_rollback = max_rollback_tokens
+        self._xgr = xgr.GrammarMatcher(
+            compiled.grammar,
+            override_stop_tokens=list(compiled.tokenizer.eos_token_ids) or None,
+            max_rollback_tokens=max_rollback_tokens,
+        )
+        self.num_accepted = 0
+
+    def fill_next_token_bitmask(
+        self,
+        # [B, ceil(V / 32)] int32, on the CPU; row ``index`` is overwritten
+        bitmask: torch.Tensor,
+        index: int = 0,
+    ) -> bool:
+        """Write the allowed next tokens into ``bitmask[index]``.
+
+        Returns whether the row restricts anything (False: every token is
+        allowed and the sampler may skip it). Does not change the matcher state.
+        """
+        if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
+            raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
+        return bool(self._xgr.fill_next_token_bitmask(bitmask, index))
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; ``False`` (state unchanged) if the grammar rejects it."""
+        accepted = bool(self._xgr.accept_token(int(token_id)))
+        self.num_accepted += accepted
+        return accepted
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        """Advance token by token; return how many were accepted before the first rejection."""
+        for count, token_id in enumerate(token_ids):
+            if not self.accept_token(token_id):
+                return count
+        return len(token_ids)
+
+    def accept_string(self, text: str) -> bool:
+        """Advance by raw text (for forced text); ``False`` (state unchanged) if rejected."""
+        return bool(self._xgr.accept_string(text))
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        if num_tokens < 0 or num_tokens > self.num_accepted:
+            raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
+        self._xgr.rollback(num_tokens)
+        self.num_accepted -= num_tokens
+
+    def is_terminated(self) -> bool:
+        """True once an EOS token was accepted."""
+        return bool(self._xgr.is_terminated())
+
+    def is_completed(self) -> bool:
+        """True when the text so far is a complete match (EOS would be accepted now)."""
+        return bool(self._xgr.is_completed())
+
+    def forced_text(self) -> str:
+        """The longest text every continuation starts with ("" if the next character is free).
+
+        Does not change the matcher state.
+        """
+        return str(self._xgr.find_jump_forward_string())
+
+    def reset(self) -> None:
+        """Back to the initial state."""
+        self._xgr.reset()
+        self.num_accepted = 0
+
+    def fork(self) -> Matcher:
+        """An independent copy of this matcher, in the same state."""
+        twin = Matcher.__new__(Matcher)
+        twin.compiled = self.compiled
+        twin._max_rollback = self._max_rollback
+        twin._xgr = self._xgr.fork()
+        twin.num_accepted = self.num_accepted
+        return twin
+
+
+_batch = xgr.BatchGrammarMatcher()
+
+
+def fill_next_token_bitmasks(
+    matchers: Sequence[Matcher],
+    # [B, ceil(V / 32)] int32, on the CPU
+    bitmask: torch.Tensor,
+    indices: Sequence[int] | None = None,
+) -> None:
+    """Fill ``bitmask[indices[i]]`` for ``matchers[i]``, all at once across threads (the GIL is released).
+
+    ``indices`` defaults to ``range(len(matchers))``. Does not change the matchers' state.
+    """
+    if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
+        raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
+    if indices is not None and len(indices) != len(matchers):
+        raise ValueError(f"{len(indices)} indices for {len(matchers)} matchers")
+    _batch.batch_fill_next_token_bitmask(
+        [m._xgr for m in matchers], bitmask, list(indices) if indices is not None else None
+    )

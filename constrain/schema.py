@@ -1,0 +1,505 @@
+"""JSON Schema preparation: rewrite a schema for the grammar engine and report, per keyword, what is enforced.
+
+xgrammar's schema converter ignores or mishandles some keywords (it keeps only
+the first branch of ``allOf``, rejects every key under ``patternProperties``,
+cannot express object/array ``const``, treats ``pattern`` as anchored, fails on
+fractional integer bounds...). :func:`prepare` rewrites the schema into one the
+engine handles exactly, or into a *superset* of it where the engine cannot
+express a keyword, and records for every keyword at every JSON pointer one of:
+
+- ``enforced``: the grammar guarantees it;
+- ``checked``: the grammar accepts a superset; the finished output is validated
+  with ``jsonschema`` and a violation is reported (never silently passed);
+- ``approximated``: refused in strict mode (neither enforceable nor fully
+  checkable offline, e.g. a remote ``$ref``); with ``lenient=True`` the grammar
+  accepts anything there and the result is reported as an approximation;
+- ``ignored``: an annotation (``title``, ``description``, ``default``...) or an
+  unknown keyword, which does not affect validity.
+
+Because the prepared schema always accepts a superset, a valid output is never
+blocked by a rewrite, and post-validation catches what the superset lets through.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+from urllib.parse import unquote
+
+import xgrammar as xgr
+
+from constrain.errors import SchemaError, UnsupportedSchemaError
+
+__all__ = ["CoverageEntry", "Status", "prepare"]
+
+Status = Literal["enforced", "checked", "approximated", "ignored"]
+
+ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "$comment", "$schema", "$id", "$vocabulary",
+        "readOnly", "writeOnly", "deprecated", "contentMediaType", "contentEncoding", "contentSchema",
+        "$anchor", "$dynamicAnchor", "discriminator", "nullable",
+    }
+)  # fmt: skip
+"""Keywords that never change whether an instance is valid (``$anchor`` is resolved, not enforced)."""
+
+ENFORCED = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+        "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+        "minProperties", "maxProperties", "anyOf", "$defs", "definitions", "enum", "const",
+    }
+)  # fmt: skip
+"""Keywords the engine enforces (after the rewrites below)."""
+
+CHECKED = frozenset(
+    {
+        "uniqueItems", "not", "contains", "minContains", "maxContains", "dependentRequired",
+        "dependentSchemas", "if", "then", "else", "patternProperties", "propertyNames",
+        "unevaluatedProperties", "unevaluatedItems", "dependencies",
+    }
+)  # fmt: skip
+"""Keywords dropped from the grammar (a superset) and checked on the finished output."""
+
+ENGINE_FORMATS = frozenset(
+    {
+        "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
+        "uri-reference", "uuid", "uri-template", "json-pointer", "relative-json-pointer",
+    }
+)  # fmt: skip
+"""``format`` values xgrammar enforces; others are checked by ``jsonschema``'s format checker, if it knows them."""
+
+INT64_AS_FLOAT = 2.0**53
+"""Integer bounds beyond this are dropped from the grammar (the engine rejects them) and checked."""
+
+FLOAT_BOUND = 1e15
+"""Number bounds beyond this magnitude are dropped from the grammar and checked."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageEntry:
+    """What happens to one keyword at one place of the schema."""
+
+    pointer: str  # JSON pointer of the subschema ("" is the root)
+    keyword: str
+    status: Status
+    note: str = ""
+
+
+class _Preparer:
+    def __init__(self, root: Any, lenient: bool) -> None:
+        self.root = root
+        self.lenient = lenient
+        self.coverage: dict[tuple[str, str], CoverageEntry] = {}  # the last word on each keyword wins
+
+    def mark(self, pointer: str, keyword: str, status: Status, note: str = "") -> None:
+        self.coverage[pointer, keyword] = CoverageEntry(pointer, keyword, status, note)
+
+    def refuse(self, pointer: str, keyword: str, reason: str) -> None:
+        """Strict: raise; lenient: record an approximation."""
+        if not self.lenient:
+            raise UnsupportedSchemaError(keyword, pointer, reason)
+        self.mark(pointer, keyword, "approximated", reason)
+
+    # -- references -------------------------------------------------------------------------
+    def resolve(self, ref: str, pointer: str) -> Any:
+        """The subschema a local ``$ref`` (``#/...``) names."""
+        if ref == "#":
+            return self.root
+        node = self.root
+        for raw in ref[2:].split("/"):
+            part = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise SchemaError(f"$ref {ref!r} does not resolve", pointer)
+        return node
+
+    # -- the walk ---------------------------------------------------------------------------
+    def schema(self, node: Any, pointer: str) -> Any:
+        """Return the prepared form of ``node``: a dict, or False for an unsatisfiable subschema."""
+        if node is True:
+            return {}
+        if node is False:
+            return False
+        if not isinstance(node, dict):
+            raise SchemaError(f"a schema is an object or a boolean, got {type(node).__name__}", pointer)
+        out: dict[str, Any] = {}
+        node = dict(node)
+        if "$ref" in node:
+            self.reference(node, out, pointer)
+        if "allOf" in node:
+            node = self.merge_all_of(node, pointer)
+        if "enum" in node or "const" in node:
+            self.literal(node, out, pointer)
+        for key, value in node.items():
+            if key in out or key in ("$ref", "enum", "const", "allOf"):
+                continue
+            handler = self._HANDLERS.get(key)
+            if handler is not None:
+                handler(self, key, value, node, out, f"{pointer}/{key}", pointer)
+            elif key in ENFORCED:
+                out[key] = value
+                self.mark(pointer, key, "enforced")
+            elif key in CHECKED:
+                self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
+            elif key in ANNOTATIONS:
+                self.mark(pointer, key, "ignored", "annotation")
+            elif key in ("$dynamicRef", "$recursiveRef"):
+                self.refuse(pointer, key, "dynamic references are not supported")
+            else:
+                self.mark(pointer, key, "ignored", "unknown keyword")
+        self.loosen_for_checked(node, out, pointer)
+        self.integer_bounds(out, pointer)
+        return out
+
+    def reference(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        ref = node["$ref"]
+        if not isinstance(ref, str):
+            raise SchemaError("$ref must be a string", pointer)
+        if ref.startswith("#/") or ref == "#":
+            self.resolve(ref, pointer)  # fails early on a dangling reference
+            out["$ref"] = ref
+            self.mark(pointer, "$ref", "enforced")
+            if len(set(node) - ANNOTATIONS - {"$ref", "$defs", "definitions"}) > 0:
+                # a $ref beside other keywords means allOf(ref, rest) in 2020-12
+                siblings = {k: v for k, v in node.items() if k not in ("$ref", "$defs", "definitions")}
+                node.clear()
+                node["allOf"] = [{"$ref": ref}, siblings]
+                del out["$ref"]
+            return
+        anchor = self.find_anchor(ref[1:]) if ref.startswith("#") else None
+        if anchor is not None:
+            out["$ref"] = anchor
+            self.mark(pointer, "$ref", "enforced", f"anchor {ref} resolved to {anchor}")
+            return
+        self.refuse(pointer, "$ref", f"reference {ref!r} cannot be resolved offline")
+
+    def find_anchor(self, name: str) -> str | None:
+        """The JSON pointer (as ``#/...``) of the subschema with ``$anchor: name``."""
+
+        def walk(node: Any, path: str) -> str | None:
+            if isinstance(node, dict):
+                if node.get("$anchor") == name:
+                    return "#" + path
+                for k, v in node.items():
+                    found = walk(v, f"{path}/{k}")
+                    if found:
+                        return found
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    found = walk(v, f"{path}/{i}")
+                    if found:
+                        return found
+            return None
+
+        return walk(self.root, "")
+
+    # -- allOf ------------------------------------------------------------------------------
+    def merge_all_of(self, node: dict[str, Any], pointer: str) -> dict[str, Any]:
+        """Fold ``allOf`` branches into the node where the result is exact, else into a superset."""
+        branches = node.get("allOf")
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError("allOf must be a non-empty array", pointer)
+        merged = {k: v for k, v in node.items() if k != "allOf"}
+        exact = True
+        for i, raw in enumerate(branches):
+            branch = self.inline(raw, f"{pointer}/allOf/{i}")
+            if branch is None:
+                exact = False
+                continue
+            if branch is False:
+                raise UnsupportedSchemaError("allOf", pointer, "a branch is `false`: no value satisfies the schema")
+            exact &= _merge_into(merged, branch)
+        self.mark(
+            pointer,
+            "allOf",
+            "enforced" if exact else "checked",
+            "branches merged" + ("" if exact else " into a superset"),
+        )
+        return merged
+
+    def inline(self, branch: Any, pointer: str) -> Any:
+        """A branch with its top-level local ``$ref`` chain inlined; None for a recursive one."""
+        if branch is True:
+            return {}
+        seen: list[str] = []
+        while isinstance(branch, dict) and isinstance(branch.get("$ref"), str) and branch["$ref"].startswith("#"):
+            ref = branch["$ref"]
+            if ref in seen:
+                return None
+            seen.append(ref)
+            target = self.resolve(ref, pointer)
+            rest = {k: v for k, v in branch.items() if k != "$ref"}
+            if rest:
+                return _combine(target, rest) if isinstance(target, dict) else None
+            branch = target
+        return branch
+
+    # -- enum / const -----------------------------------------------------------------------
+    def literal(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        for key in ("const", "enum"):
+            if key not in node:
+                continue
+            values = [node[key]] if key == "const" else node[key]
+            if key == "enum" and (not isinstance(values, list) or not values):
+                raise SchemaError("enum must be a non-empty array", pointer)
+            if all(not isinstance(v, (dict, list)) for v in values):
+                out[key] = node[key]
+            else:  # the engine cannot express composite literals: spell each out as a schema
+                out["anyOf"] = [_literal_schema(v) for v in values]
+            self.mark(pointer, key, "enforced")
+
+    # -- per-keyword handlers ---------------------------------------------------------------
+    def _properties(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if not isinstance(value, dict):
+            raise SchemaError("properties must be an object", at)
+        props = {}
+        for name, sub in value.items():
+            prepared = self.schema(sub, f"{ptr}/{_escape(name)}")
+            if prepared is False:
+                self.mark(f"{ptr}/{_escape(name)}", "false", "checked", "a property that must be absent")
+                continue
+            props[name] = prepared
+        out[key] = props
+        self.mark(at, key, "enforced")
+
+    def _subschema_map(
+        self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
+    ) -> None:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{key} must be an object", at)
+        prepared = {name: self.schema(sub, f"{ptr}/{_escape(name)}") for name, sub in value.items()}
+        out[key] = {name: ({} if sub is False else sub) for name, sub in prepared.items()}  # false: a superset
+        self.mark(at, key, "enforced")
+
+    def _one_subschema(
+        self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
+    ) -> None:
+        out[key] = self.schema(value, ptr)  # may be False: no additional properties / items
+        self.mark(at, key, "enforced")
+
+    def _schema_list(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if not isinstance(value, list) or not value:
+            raise SchemaError(f"{key} must be a non-empty array", at)
+        branches = [self.schema(sub, f"{ptr}/{i}") for i, sub in enumerate(value)]
+        live = [b for b in branches if b is not False]
+        if key == "prefixItems":
+            out[key] = [b if b is not False else {} for b in branches]
+            self.mark(at, key, "enforced" if len(live) == len(branches) else "checked")
+            return
+        if not live:
+            raise UnsupportedSchemaError(key, at, "every branch is `false`: no value satisfies it")
+        out["anyOf"] = live
+        if key == "oneOf":
+            self.mark(at, key, "checked", "branches enforced as anyOf; exclusivity validated afterwards")
+        else:
+            self.mark(at, key, "enforced")
+
+    def _pattern(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if not isinstance(value, str):
+            raise SchemaError("pattern must be a string", at)
+        search = _search_pattern(value)
+        try:
+            xgr.Grammar.from_regex(search)
+        except RuntimeError:
+            self.mark(at, key, "checked", "the regex uses features the engine lacks")
+            return
+        out[key] = search
+        self.mark(at, key, "enforced", "search semantics: unanchored ends match anything")
+
+    def _format(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if value in ENGINE_FORMATS:
+            out[key] = value
+            self.mark(at, key, "enforced")
+        else:
+            self.mark(
+                at, key, "checked", "validated afterwards by jsonschema's format checker where it knows the format"
+            )
+
+    def _multiple_of(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if node.get("type") == "integer" and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[key] = value
+            self.mark(at, key, "enforced")
+        else:
+            self.mark(at, key, "checked", "multipleOf on non-integers is validated afterwards")
+
+    def _number_bound(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise SchemaError(f"{key} must be a number", at)
+        limit = INT64_AS_FLOAT if node.get("type") == "integer" else FLOAT_BOUND
+        if abs(value) > limit or (isinstance(value, float) and not math.isfinite(value)):
+            self.mark(at, key, "checked", "bound beyond what the engine handles; validated afterwards")
+            return
+        out[key] = value
+        self.mark(at, key, "enforced")
+
+    def _pattern_properties(
+        self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
+    ) -> None:
+        self.mark(at, key, "checked", "keys matching a pattern are accepted with any value; validated afterwards")
+
+    _HANDLERS: ClassVar[dict[str, Callable[..., None]]] = {
+        "properties": _properties,
+        "$defs": _subschema_map,
+        "definitions": _subschema_map,
+        "additionalProperties": _one_subschema,
+        "items": _one_subschema,
+        "prefixItems": _schema_list,
+        "anyOf": _schema_list,
+        "oneOf": _schema_list,
+        "pattern": _pattern,
+        "format": _format,
+        "multipleOf": _multiple_of,
+        "minimum": _number_bound,
+        "maximum": _number_bound,
+        "exclusiveMinimum": _number_bound,
+        "exclusiveMaximum": _number_bound,
+        "patternProperties": _pattern_properties,
+    }
+
+    def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        """Keep the grammar a superset where a dropped keyword would have widened what is allowed."""
+        widening = ("patternProperties", "unevaluatedProperties", "dependentSchemas", "if", "then", "else")
+        if any(k in node for k in widening) and "additionalProperties" in out:
+            out.pop("additionalProperties")  # keys the dropped keyword would admit must stay possible
+            self.mark(pointer, "additionalProperties", "checked", "relaxed beside patternProperties/unevaluated*")
+        if "unevaluatedItems" in node and out.get("items") is False:
+            out.pop("items")
+
+    def integer_bounds(self, out: dict[str, Any], pointer: str) -> None:
+        """The engine wants whole-number bounds on integers: round them inward (exact)."""
+        if out.get("type") != "integer":
+            return
+        for key, up in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False), ("exclusiveMaximum", False)):
+            value = out.get(key)
+            if isinstance(value, float) and not value.is_integer():
+                out.pop(key)
+                rounded = math.ceil(value) if up else math.floor(value)
+                out["minimum" if up else "maximum"] = rounded
+            elif isinstance(value, float):
+                out[key] = int(value)
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _search_pattern(pattern: str) -> str:
+    """JSON Schema ``pattern`` is a search: pad unanchored ends so the engine's full match agrees."""
+    body = pattern
+    start = body.startswith("^")
+    end = body.endswith("$") and not body.endswith("\\$")
+    if start:
+        body = body[1:]
+    if end:
+        body = body[:-1]
+    return ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*")
+
+
+def _literal_schema(value: Any) -> dict[str, Any]:
+    """A schema that accepts exactly the JSON value ``value`` (objects in any key order)."""
+    if isinstance(value, dict):
+        return {
+            "type": "object",
+            "properties": {k: _literal_schema(v) for k, v in value.items()},
+            "required": list(value),
+            "additionalProperties": False,
+        }
+    if isinstance(value, list):
+        return {
+            "type": "array",
+            "prefixItems": [_literal_schema(v) for v in value],
+            "items": False,
+            "minItems": len(value),
+        }
+    return {"const": value}
+
+
+def _combine(target: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(target)
+    _merge_into(merged, rest)
+    return merged
+
+
+_TAKE_MAX = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_TAKE_MIN = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+
+
+def _merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
+    """Intersect ``branch`` into ``merged``; return False where the result had to be a superset."""
+    exact = True
+    for key, value in branch.items():
+        if key in ANNOTATIONS:
+            continue
+        if key not in merged:
+            merged[key] = value
+        elif merged[key] == value:
+            continue
+        elif key in _TAKE_MAX:
+            merged[key] = max(merged[key], value)
+        elif key in _TAKE_MIN:
+            merged[key] = min(merged[key], value)
+        elif key == "required":
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "properties" and isinstance(value, dict):
+            props = dict(merged[key])
+            for name, sub in value.items():
+                if name in props and props[name] != sub:
+                    if (
+                        isinstance(props[name], dict)
+                        and isinstance(sub, dict)
+                        and "$ref" not in props[name]
+                        and "$ref" not in sub
+                    ):
+                        combined = dict(props[name])
+                        exact &= _merge_into(combined, sub)
+                        props[name] = combined
+                    else:
+                        exact = False  # keep the first: a superset of the intersection
+                else:
+                    props[name] = sub
+            merged[key] = props
+        elif key == "type":
+            a = {merged[key]} if isinstance(merged[key], str) else set(merged[key])
+            b = {value} if isinstance(value, str) else set(value)
+            if "number" in a and "integer" in b:
+                a.add("integer")
+            if "number" in b and "integer" in a:
+                b.add("integer")
+            common = sorted(a & b)
+            if not common:
+                raise UnsupportedSchemaError("allOf", "", f"types {sorted(a)} and {sorted(b)} never meet")
+            merged[key] = common[0] if len(common) == 1 else common
+        elif key == "enum":
+            common_values = [v for v in merged[key] if v in value]
+            if not common_values:
+                raise UnsupportedSchemaError("allOf", "", "enums share no value")
+            merged[key] = common_values
+        elif key == "additionalProperties":
+            exact = False  # its meaning depends on the branch's own properties: drop it (superset)
+            merged.pop(key)
+        else:
+            exact = False  # two different values of a keyword we do not intersect: keep the first
+    return exact
+
+
+def prepare(schema: Any, *, lenient: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """Return ``(schema for the engine, coverage)``; see the module docstring.
+
+    Raises
+    ------
+    SchemaError
+        A dangling ``$ref`` or a malformed keyword (with its JSON pointer).
+    UnsupportedSchemaError
+        Strict mode, and a keyword that can be neither enforced nor checked.
+    """
+    preparer = _Preparer(schema, lenient)
+    if schema is False:
+        raise UnsupportedSchemaError("false", "", "the schema `false` accepts no value")
+    prepared = preparer.schema(schema, "")
+    return prepared, tuple(sorted(preparer.coverage.values(), key=lambda e: (e.pointer, e.keyword)))

@@ -1,0 +1,68 @@
+"""Checking finished output against the whole constraint (what the grammar cannot enforce included)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import regex as regex_module
+import xgrammar as xgr
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+
+from constrain.constraints import Choice, Grammar, JsonSchema, Regex
+
+if TYPE_CHECKING:
+    from constrain.compiler import CompiledConstraint
+
+__all__ = ["parse_json", "validate"]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(text: str) -> Any:
+    """Strict JSON: NaN, Infinity and trailing garbage are errors."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # An empty registry: no $ref is ever fetched over the network.
+    return cls(schema, registry=Registry(), format_checker=cls.FORMAT_CHECKER)
+
+
+def _pointer(path: Any) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"
+
+
+def validate(compiled: CompiledConstraint, text: str) -> list[str]:
+    """Return the violations of ``text``; empty when it satisfies the constraint. Pure."""
+    constraint = compiled.constraint
+    if isinstance(constraint, JsonSchema):
+        try:
+            value = parse_json(text)
+        except ValueError as err:
+            return [f"not valid JSON: {err}"]
+        try:
+            errors = sorted(_validator(constraint.schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+        except Unresolvable as err:
+            return [f"cannot check: reference {err} does not resolve offline"]
+        return [f"{_pointer(e.absolute_path)}: {e.message}" for e in errors]
+    if isinstance(constraint, Regex):
+        if regex_module.fullmatch(constraint.pattern, text) is None:
+            return [f"does not match the regex {constraint.pattern!r}"]
+        return []
+    if isinstance(constraint, Choice):
+        return [] if text in constraint.options else [f"{text!r} is not one of the {len(constraint.options)} choices"]
+    if isinstance(constraint, Grammar):
+        matcher = xgr.GrammarMatcher(compiled.grammar, terminate_without_stop_token=True)
+        if not matcher.accept_string(text) or not matcher.is_completed():
+            return ["is not a complete sentence of the grammar"]
+        return []
+    raise ValueError(f"unknown constraint type {type(constraint).__name__}")

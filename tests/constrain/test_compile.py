@@ -1,0 +1,162 @@
+"""Compiling and matching: the cache, the matcher API, batched fills, and several tokenizer families."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import constrain
+from constrain.cache import ByteLRU
+from constrain.testing import accepts, allowed_ids, token_ids, walk
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_second_compile_is_a_cache_hit(smol_tokenizer):
+    c = constrain.json_schema(PERSON | {"title": "cache-hit"})
+    first = constrain.compile(c, smol_tokenizer)
+    before = constrain.cache_stats()
+    again = constrain.compile(constrain.json_schema(PERSON | {"title": "cache-hit"}), smol_tokenizer)
+    assert again is first
+    assert constrain.cache_stats()["hits"] == before["hits"] + 1
+
+
+def test_concurrent_compiles_of_one_key_compile_once(smol_tokenizer):
+    c = constrain.json_schema(PERSON | {"title": "concurrent"})
+    results, before = [], constrain.cache_stats()["misses"]
+    threads = [threading.Thread(target=lambda: results.append(constrain.compile(c, smol_tokenizer))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1
+    assert constrain.cache_stats()["misses"] == before + 1
+
+
+def test_byte_lru_evicts_least_recent_and_never_caches_errors():
+    lru: ByteLRU[str] = ByteLRU(10, len)
+    lru.get_or_create("a", lambda: "aaaa")
+    lru.get_or_create("b", lambda: "bbbb")
+    lru.get_or_create("a", lambda: "x")  # a hit: "a" becomes most recent
+    lru.get_or_create("c", lambda: "cccc")  # 12 bytes > 10: evicts "b"
+    assert lru.get_or_create("a", lambda: "new") == "aaaa"
+    assert lru.get_or_create("b", lambda: "BBBB") == "BBBB"
+    assert lru.nbytes <= 10
+    with pytest.raises(KeyError):
+        lru.get_or_create("d", lambda: {}["boom"])
+    assert lru.get_or_create("d", lambda: "ok") == "ok"
+    assert lru.get_or_create("big", lambda: "x" * 11) == "x" * 11 and "big" not in lru._items
+
+
+def test_matcher_api(smol_tokenizer):
+    compiled = constrain.compile(
+        constrain.json_schema(PERSON, whitespace="compact", property_order="schema"), smol_tokenizer
+    )
+    m = compiled.matcher()
+    assert m.forced_text() == '{"name":"'
+    ids = token_ids(smol_tokenizer, '{"name":"Al","age":7}')
+    ok, m = walk(compiled, ids)
+    assert ok and m.is_completed() and not m.is_terminated()
+    twin = m.fork()
+    eos = compiled.tokenizer.eos_token_ids[0]
+    assert m.accept_token(eos) and m.is_terminated()
+    assert not twin.is_terminated()  # a fork is independent
+    m.rollback(1)
+    assert not m.is_terminated() and m.is_completed()
+    m.rollback(3)
+    assert not m.is_completed()
+    assert not m.accept_token(token_ids(smol_tokenizer, "[")[0])  # rejected: False, no exception
+    m.reset()
+    assert m.num_accepted == 0 and m.forced_text() == '{"name":"'
+    with pytest.raises(ValueError, match="cannot roll back"):
+        m.rollback(1)
+
+
+def test_eos_is_masked_until_the_grammar_can_end(smol_tokenizer):
+    compiled = constrain.compile(constrain.regex("ab?"), smol_tokenizer)
+    eos = set(compiled.tokenizer.eos_token_ids)
+    m = compiled.matcher()
+    bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+    m.fill_next_token_bitmask(bitmask)
+    assert not eos & allowed_ids(bitmask[0], compiled.vocab_size)
+    assert m.accept_token(token_ids(smol_tokenizer, "a")[0])
+    m.fill_next_token_bitmask(bitmask)
+    allowed = allowed_ids(bitmask[0], compiled.vocab_size)
+    assert eos <= allowed and len(allowed) == len(eos) + len([t for t in allowed if t not in eos])
+
+
+def test_batched_fill_equals_one_by_one(smol_tokenizer):
+    constraints = [
+        constrain.json_schema(PERSON),
+        constrain.regex(r"\d{3}-\d{4}"),
+        constrain.choice(["yes", "no", "maybe"]),
+        constrain.grammar("arithmetic"),
+    ]
+    matchers = [constrain.compile(c, smol_tokenizer).matcher() for c in constraints]
+    matchers[0].accept_string('{"name": "A')
+    matchers[1].accept_string("55")
+    vocab = matchers[0].compiled.vocab_size
+    batched = constrain.allocate_token_bitmask(6, vocab)
+    constrain.fill_next_token_bitmasks(matchers, batched, indices=[5, 0, 2, 3])
+    for matcher, row in zip(matchers, [5, 0, 2, 3], strict=True):
+        single = constrain.allocate_token_bitmask(1, vocab)
+        matcher.fill_next_token_bitmask(single)
+        assert torch.equal(batched[row], single[0])
+    assert (batched[[1, 4]] == -1).all()  # untouched rows stay "all allowed"
+
+
+def test_bitmask_errors_say_what_to_do(smol_tokenizer):
+    m = constrain.compile(constrain.regex("a"), smol_tokenizer).matcher()
+    with pytest.raises(ValueError, match="int32"):
+        m.fill_next_token_bitmask(torch.zeros(1, 1536, dtype=torch.int64))
+    with pytest.raises(ValueError, match="positive"):
+        constrain.allocate_token_bitmask(0, 10)
+
+
+samples = ['{"name": "Zoë", "age": 30}', '{"age": 1, "name": "日本語 😀"}', '{"name":"a\\"b\\\\c\\n","age":0}']
+
+
+@pytest.mark.parametrize("text", samples)
+def test_tokenizer_families(text, smol_tokenizer, gemma_tokenizer, sp_tokenizer):
+    schema = constrain.json_schema(PERSON)
+    for tokenizer in (smol_tokenizer, gemma_tokenizer, sp_tokenizer):
+        compiled = constrain.compile(schema, tokenizer)
+        assert accepts(compiled, tokenizer, text), type(tokenizer).__name__
+        assert not accepts(compiled, tokenizer, text.replace('"age"', '"agE"')), type(tokenizer).__name__
+
+
+def test_vocab_padded_beyond_the_tokenizer(smol_tokenizer):
+    real = len(smol_tokenizer)
+    compiled = constrain.compile(constrain.json_object(), smol_tokenizer, vocab_size=real + 64)
+    assert compiled.vocab_size == real + 64
+    bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+    compiled.matcher().fill_next_token_bitmask(bitmask)
+    assert max(allowed_ids(bitmask[0], compiled.vocab_size)) < real
+    assert accepts(compiled, smol_tokenizer, '{"a": [1, 2]}')
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        constrain.compile(constrain.json_object(), smol_tokenizer, vocab_size=real - 1)
+
+
+def test_several_eos_ids(gemma_tokenizer):
+    eos = [1, 106]  # <eos> and <end_of_turn>
+    compiled = constrain.compile(constrain.choice(["yes", "no"]), gemma_tokenizer, eos_token_ids=eos)
+    assert compiled.tokenizer.eos_token_ids == tuple(eos)
+    for stop in eos:
+        m = compiled.matcher()
+        bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+        assert m.accept_string("yes")
+        m.fill_next_token_bitmask(bitmask)
+        assert set(eos) <= allowed_ids(bitmask[0], compiled.vocab_size)
+        assert m.accept_token(stop) and m.is_terminated()
+
+
+def test_compile_budget(smol_tokenizer):
+    with pytest.raises(constrain.CompileError, match="budget"):
+        constrain.compile(constrain.regex("(a|b|c|d){1,2000}x" + "[a-z]{1,64}" * 8), smol_tokenizer, timeout_s=1e-4)

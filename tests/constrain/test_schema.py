@@ -1,0 +1,148 @@
+"""JSON Schema strictness: what the grammar accepts, what validate() flags, and what is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import constrain
+from constrain.testing import accepts
+
+# (schema, instances the mask must accept, instances it must reject or validate() must flag)
+schema__valid__invalid = [
+    (  # allOf: xgrammar alone keeps only the first branch
+        {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["b"]}]},
+        [{"a": 1, "b": 2}, {"b": "x"}],
+        [{"a": 1}, {"a": "s", "b": 1}],
+    ),
+    (  # patternProperties: xgrammar alone rejects every key
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+        [{"x1": 1}, {}, {"x": 2, "xy": 3}],
+        [{"x1": "s"}, {"y": 1}],
+    ),
+    ({"const": {"a": [1, 2]}}, [{"a": [1, 2]}], [{"a": [1]}, {"a": [1, 2], "b": 0}, [1, 2]]),
+    ({"enum": [1, "x", None, {"k": True}, [0]]}, [1, "x", None, {"k": True}, [0]], [2, {"k": False}, [0, 0]]),
+    ({"type": "string", "pattern": "a+"}, ["xaay", "a"], ["b", ""]),  # search, not full match
+    ({"type": "string", "pattern": "^a+$"}, ["aa"], ["ab"]),
+    ({"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.5}, [1, 3], [0, 4]),
+    ({"type": "integer", "maximum": 10**20}, [5, 10**19], [10**21]),
+    ({"type": "number", "multipleOf": 0.5}, [1.5, 2], [1.2]),
+    ({"type": "array", "uniqueItems": True}, [[1, 2]], [[1, 1]]),
+    ({"not": {"type": "string"}}, [1, None], ["s"]),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, [1, 2.5, "s"], [3]),
+    (
+        {"if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}, "else": {"required": ["c"]}},
+        [{"a": 1, "b": 0}, {"a": 2, "c": 0}],
+        [{"a": 1}, {"a": 2}],
+    ),
+    ({"type": "object", "dependentRequired": {"a": ["b"]}}, [{"a": 1, "b": 2}, {}], [{"a": 1}]),
+    (
+        {
+            "$defs": {
+                "node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}
+            },
+            "$ref": "#/$defs/node",
+        },
+        [{"kids": [{"kids": []}, {}]}],
+        [{"kids": [1]}],
+    ),
+    ({"$defs": {"n": {"$anchor": "num", "type": "integer"}}, "$ref": "#num"}, [3], ["3"]),
+    ({"properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}, [{"a": 1, "b": 2}], [{"b": "x"}]),
+    ({"type": "object", "properties": {"a": False}}, [{"b": 1}], [{"a": 1}]),
+    ({"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "yesterday"]),
+    ({"type": "string", "format": "ipv4"}, ["10.0.0.1"], ["10.0.0.256"]),
+    ({"type": "object", "minProperties": 1, "maxProperties": 2}, [{"a": 1}], [{}, {"a": 1, "b": 2, "c": 3}]),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"]}, [{"b": 1, "a": 2}], [{"a": 1}]),
+    (
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+        [[1, "a"], [1]],
+        [[1, 2], [1, "a", 3]],
+    ),
+    ({"type": "array", "contains": {"type": "string"}, "minContains": 2}, [["a", 1, "b"]], [["a", 1]]),
+]
+
+
+@pytest.mark.parametrize("schema,valid,invalid", schema__valid__invalid)
+def test_valid_accepted_and_invalid_rejected_or_flagged(schema, valid, invalid, smol_tokenizer):
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    for instance in valid:
+        for text in (json.dumps(instance), json.dumps(instance, separators=(",", ":"))):
+            assert accepts(compiled, smol_tokenizer, text), f"valid instance rejected: {text}"
+            assert compiled.validate(text) == [], text
+    for instance in invalid:
+        text = json.dumps(instance)
+        assert not accepts(compiled, smol_tokenizer, text) or compiled.validate(text), f"invalid accepted: {text}"
+
+
+def test_coverage_reports_each_keyword(smol_tokenizer):
+    schema = {
+        "title": "T",
+        "type": "object",
+        "properties": {"tags": {"type": "array", "uniqueItems": True}, "n": {"type": "number", "multipleOf": 0.1}},
+        "x-vendor": 1,
+    }
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    status = {(e.pointer, e.keyword): e.status for e in compiled.coverage}
+    assert status[("", "type")] == "enforced"
+    assert status[("", "title")] == "ignored"
+    assert status[("", "x-vendor")] == "ignored"
+    assert status[("/properties/tags", "uniqueItems")] == "checked"
+    assert status[("/properties/n", "multipleOf")] == "checked"
+    assert not compiled.fully_enforced
+    assert constrain.compile(constrain.json_schema({"type": "integer"}), smol_tokenizer).fully_enforced
+
+
+def test_strict_refuses_what_cannot_be_checked_and_lenient_reports_it(smol_tokenizer):
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    with pytest.raises(constrain.UnsupportedSchemaError) as info:
+        constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    assert info.value.keyword == "$ref" and info.value.pointer == "/properties/a"
+    compiled = constrain.compile(constrain.json_schema(schema, lenient=True), smol_tokenizer)
+    status = {(e.pointer, e.keyword): e.status for e in compiled.coverage}
+    assert status[("/properties/a", "$ref")] == "approximated"
+    assert accepts(compiled, smol_tokenizer, '{"a": 1}')
+    with pytest.raises(constrain.UnsupportedSchemaError, match="dynamic"):
+        constrain.compile(constrain.json_schema({"$dynamicRef": "#x"}), smol_tokenizer)
+    with pytest.raises(constrain.UnsupportedSchemaError, match="accepts no value"):
+        constrain.compile(constrain.json_schema(False), smol_tokenizer)
+
+
+def test_dangling_ref_is_a_schema_error(smol_tokenizer):
+    with pytest.raises(constrain.SchemaError) as info:
+        constrain.compile(constrain.json_schema({"properties": {"a": {"$ref": "#/$defs/missing"}}}), smol_tokenizer)
+    assert info.value.pointer == "/properties/a"
+
+
+def test_whitespace_policies(smol_tokenizer):
+    flexible = constrain.compile(constrain.json_schema({"type": "object"}), smol_tokenizer)
+    # (xgrammar 0.2.8 keeps ", " inside values the schema leaves free-form: compact covers described structure)
+    described = {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}}
+    compact = constrain.compile(constrain.json_schema(described, whitespace="compact"), smol_tokenizer)
+    pretty = json.dumps({"a": [1, {"b": None}]}, indent=2)
+    assert accepts(flexible, smol_tokenizer, pretty)
+    assert accepts(flexible, smol_tokenizer, '{"a" : 1}')
+    assert not accepts(flexible, smol_tokenizer, "{" + " " * 17 + "}")  # bounded runs
+    assert accepts(compact, smol_tokenizer, '{"a":[1,2]}')
+    assert not accepts(compact, smol_tokenizer, '{"a": [1]}')
+
+
+def test_schema_property_order_forces_keys(smol_tokenizer):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a", "b"]}
+    ordered = constrain.compile(constrain.json_schema(schema, property_order="schema"), smol_tokenizer)
+    assert accepts(ordered, smol_tokenizer, '{"a": 1, "b": 2}')
+    assert not accepts(ordered, smol_tokenizer, '{"b": 2, "a": 1}')
+
+
+def test_validate_reports_pointer_and_json_errors(smol_tokenizer):
+    compiled = constrain.compile(constrain.json_schema({"type": "array", "items": {"type": "integer"}}), smol_tokenizer)
+    assert compiled.validate("[1, 2]") == []
+    assert compiled.validate('[1, "x"]') == ["/1: 'x' is not of type 'integer'"]
+    assert compiled.validate("[1, NaN]")[0].startswith("not valid JSON")
+    assert compiled.validate("[1] [2]")[0].startswith("not valid JSON")
+    regex = constrain.compile(constrain.regex(r"\d+"), smol_tokenizer)
+    assert regex.validate("12") == [] and regex.validate("12a")
+    choice = constrain.compile(constrain.choice(["yes", "no"]), smol_tokenizer)
+    assert choice.validate("no") == [] and choice.validate("nope")
+    grammar = constrain.compile(constrain.grammar("arithmetic"), smol_tokenizer)
+    assert grammar.validate("1 + 2 * (3 - 4)") == [] and grammar.validate("1 +")
