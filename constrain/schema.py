@@ -23,6 +23,7 @@ blocked by a rewrite, and post-validation catches what the superset lets through
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -93,6 +94,9 @@ class _Preparer:
         self.root = root
         self.lenient = lenient
         self.coverage: dict[tuple[str, str], CoverageEntry] = {}  # the last word on each keyword wins
+        self.aliases: dict[str, str] = {}  # $ref -> name under the root's $defs
+        self.alias_defs: dict[str, Any] = {}
+        self._expanding: list[str] = []  # references inlined by the allOf merges enclosing the current node
 
     def mark(self, pointer: str, keyword: str, status: Status, note: str = "") -> None:
         self.coverage[pointer, keyword] = CoverageEntry(pointer, keyword, status, note)
@@ -132,52 +136,94 @@ class _Preparer:
         node = dict(node)
         if "$ref" in node:
             self.reference(node, out, pointer)
+        inlined: list[str] = []
         if "allOf" in node:
-            node = self.merge_all_of(node, pointer)
-        if "enum" in node or "const" in node:
-            self.literal(node, out, pointer)
-        for key, value in node.items():
-            if key in out or key in ("$ref", "enum", "const", "allOf"):
-                continue
-            handler = self._HANDLERS.get(key)
-            if handler is not None:
-                handler(self, key, value, node, out, f"{pointer}/{key}", pointer)
-            elif key in ENFORCED:
-                out[key] = value
-                self.mark(pointer, key, "enforced")
-            elif key in CHECKED:
-                self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
-            elif key in ANNOTATIONS:
-                self.mark(pointer, key, "ignored", "annotation")
-            elif key in ("$dynamicRef", "$recursiveRef"):
-                self.refuse(pointer, key, "dynamic references are not supported")
-            else:
-                self.mark(pointer, key, "ignored", "unknown keyword")
+            node, inlined = self.merge_all_of(node, pointer)
+        self._expanding.extend(inlined)  # a recursive allOf must not inline these again below
+        try:
+            if "enum" in node or "const" in node:
+                self.literal(node, out, pointer)
+            for key, value in node.items():
+                if key not in out and key not in ("$ref", "enum", "const", "allOf"):
+                    self.keyword(key, value, node, out, pointer)
+        finally:
+            del self._expanding[len(self._expanding) - len(inlined) :]
         self.loosen_for_checked(node, out, pointer)
         self.integer_bounds(out, pointer)
-        return out
+        return _split_by_type(self.distribute_any_of(out, pointer))
+
+    def distribute_any_of(self, out: dict[str, Any], pointer: str) -> dict[str, Any]:
+        """``{S, anyOf: [A, B]}`` means ``anyOf: [S and A, S and B]``: spell it out (the engine reads one or the other)."""
+        branches = out.get("anyOf")
+        siblings = {k: v for k, v in out.items() if k not in ("anyOf", "$defs", "definitions")}
+        if not branches or not siblings:
+            return out
+        if "$ref" in siblings or any("$ref" in b for b in branches):
+            self.mark(pointer, "anyOf", "checked", "beside other keywords and references: validated afterwards")
+            return out
+        merged, exact = [], True
+        for branch in branches:
+            both = dict(siblings)
+            try:
+                exact &= _merge_into(both, branch)
+            except UnsupportedSchemaError:
+                continue  # this branch contradicts its siblings: no value takes it
+            merged.append(both)
+        if not merged:
+            raise UnsupportedSchemaError("anyOf", pointer, "no branch is compatible with the keywords beside it")
+        if not exact:
+            self.mark(pointer, "anyOf", "checked", "merged with the keywords beside it into a superset")
+        return {**{k: v for k, v in out.items() if k in ("$defs", "definitions")}, "anyOf": merged}
+
+    def keyword(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        handler = self._HANDLERS.get(key)
+        if handler is not None:
+            handler(self, key, value, node, out, f"{pointer}/{key}", pointer)
+        elif key in ENFORCED:
+            out[key] = value
+            self.mark(pointer, key, "enforced")
+        elif key in CHECKED:
+            self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
+        elif key in ANNOTATIONS:
+            self.mark(pointer, key, "ignored", "annotation")
+        elif key in ("$dynamicRef", "$recursiveRef"):
+            self.refuse(pointer, key, "dynamic references are not supported")
+        else:
+            self.mark(pointer, key, "ignored", "unknown keyword")
 
     def reference(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         ref = node["$ref"]
         if not isinstance(ref, str):
             raise SchemaError("$ref must be a string", pointer)
-        if ref.startswith("#/") or ref == "#":
-            self.resolve(ref, pointer)  # fails early on a dangling reference
-            out["$ref"] = ref
-            self.mark(pointer, "$ref", "enforced")
-            if len(set(node) - ANNOTATIONS - {"$ref", "$defs", "definitions"}) > 0:
-                # a $ref beside other keywords means allOf(ref, rest) in 2020-12
-                siblings = {k: v for k, v in node.items() if k not in ("$ref", "$defs", "definitions")}
-                node.clear()
-                node["allOf"] = [{"$ref": ref}, siblings]
-                del out["$ref"]
+        if ref.startswith("#") and not ref.startswith("#/") and ref != "#":
+            anchor = self.find_anchor(ref[1:])
+            if anchor is None:
+                self.refuse(pointer, "$ref", f"anchor {ref!r} is not defined in this schema")
+                return
+            ref = anchor
+        if not (ref.startswith("#/") or ref == "#"):
+            self.refuse(pointer, "$ref", f"reference {ref!r} cannot be resolved offline")
             return
-        anchor = self.find_anchor(ref[1:]) if ref.startswith("#") else None
-        if anchor is not None:
-            out["$ref"] = anchor
-            self.mark(pointer, "$ref", "enforced", f"anchor {ref} resolved to {anchor}")
-            return
-        self.refuse(pointer, "$ref", f"reference {ref!r} cannot be resolved offline")
+        self.resolve(ref, pointer)  # fails early on a dangling reference
+        out["$ref"] = ref if _SIMPLE_REF.fullmatch(ref) else self.alias(ref, pointer)
+        self.mark(pointer, "$ref", "enforced")
+        if set(node) - ANNOTATIONS - {"$ref", "$defs", "definitions"}:
+            # a $ref beside other keywords means allOf(ref, rest) in 2020-12
+            siblings = {k: v for k, v in node.items() if k not in ("$ref", "$defs", "definitions")}
+            for key in siblings:
+                del node[key]
+            node["allOf"] = [{"$ref": ref}, siblings]
+            del out["$ref"]
+
+    def alias(self, ref: str, pointer: str) -> str:
+        """Give a reference the engine cannot follow (into arrays, escaped names, the root) a ``$defs`` name."""
+        if ref not in self.aliases:
+            name = f"constrain_ref{len(self.aliases)}"
+            self.aliases[ref] = name
+            self.alias_defs[name] = {}  # placeholder while the target (which may recurse here) is prepared
+            prepared = self.schema(self.resolve(ref, pointer), ref[1:])
+            self.alias_defs[name] = prepared if prepared is not False else {}
+        return f"#/$defs/{self.aliases[ref]}"
 
     def find_anchor(self, name: str) -> str | None:
         """The JSON pointer (as ``#/...``) of the subschema with ``$anchor: name``."""
@@ -200,15 +246,19 @@ class _Preparer:
         return walk(self.root, "")
 
     # -- allOf ------------------------------------------------------------------------------
-    def merge_all_of(self, node: dict[str, Any], pointer: str) -> dict[str, Any]:
-        """Fold ``allOf`` branches into the node where the result is exact, else into a superset."""
+    def merge_all_of(self, node: dict[str, Any], pointer: str) -> tuple[dict[str, Any], list[str]]:
+        """Fold ``allOf`` branches into the node where the result is exact, else into a superset.
+
+        Returns the merged node and the references inlined into it.
+        """
         branches = node.get("allOf")
         if not isinstance(branches, list) or not branches:
             raise SchemaError("allOf must be a non-empty array", pointer)
         merged = {k: v for k, v in node.items() if k != "allOf"}
         exact = True
+        inlined: list[str] = []
         for i, raw in enumerate(branches):
-            branch = self.inline(raw, f"{pointer}/allOf/{i}")
+            branch = self.inline(raw, f"{pointer}/allOf/{i}", inlined)
             if branch is None:
                 exact = False
                 continue
@@ -221,18 +271,19 @@ class _Preparer:
             "enforced" if exact else "checked",
             "branches merged" + ("" if exact else " into a superset"),
         )
-        return merged
+        return merged, inlined
 
-    def inline(self, branch: Any, pointer: str) -> Any:
-        """A branch with its top-level local ``$ref`` chain inlined; None for a recursive one."""
+    def inline(self, branch: Any, pointer: str, inlined: list[str]) -> Any:
+        """A branch with its top-level local ``$ref`` chain inlined (appended to ``inlined``); None if recursive."""
         if branch is True:
             return {}
         seen: list[str] = []
         while isinstance(branch, dict) and isinstance(branch.get("$ref"), str) and branch["$ref"].startswith("#"):
             ref = branch["$ref"]
-            if ref in seen:
+            if ref in seen or ref in self._expanding:
                 return None
             seen.append(ref)
+            inlined.append(ref)
             target = self.resolve(ref, pointer)
             rest = {k: v for k, v in branch.items() if k != "$ref"}
             if rest:
@@ -372,7 +423,10 @@ class _Preparer:
             out.pop("items")
 
     def integer_bounds(self, out: dict[str, Any], pointer: str) -> None:
-        """The engine wants whole-number bounds on integers: round them inward (exact)."""
+        """The engine wants whole numbers: counts written ``2.0`` become ``2``; integer bounds round inward."""
+        for key in _COUNTS:
+            if isinstance(out.get(key), float) and out[key].is_integer():
+                out[key] = int(out[key])
         if out.get("type") != "integer":
             return
         for key, up in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False), ("exclusiveMaximum", False)):
@@ -383,6 +437,10 @@ class _Preparer:
                 out["minimum" if up else "maximum"] = rounded
             elif isinstance(value, float):
                 out[key] = int(value)
+
+
+_SIMPLE_REF = re.compile(r"#/(\$defs|definitions)/[A-Za-z0-9_.-]+")
+"""References the engine follows itself; others get an alias (see ``_Preparer.alias``)."""
 
 
 def _escape(name: str) -> str:
@@ -399,6 +457,32 @@ def _search_pattern(pattern: str) -> str:
     if end:
         body = body[:-1]
     return ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*")
+
+
+_FAMILIES = {
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
+    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+}
+_ALL_TYPES = ("null", "boolean", "object", "array", "string", "number")
+
+
+def _split_by_type(out: dict[str, Any]) -> dict[str, Any]:
+    """Without ``type``, a type's keywords bind only values of that type: spell that out for the engine.
+
+    ``{"properties": ...}`` also accepts ``12``; xgrammar would assume an object.
+    """
+    if "type" in out or any(k in out for k in ("$ref", "anyOf", "enum", "const")):
+        return out
+    present = [family for family, keys in _FAMILIES.items() if any(k in out for k in keys)]
+    if not present:
+        return out
+    rest = {k: v for k, v in out.items() if not any(k in keys for keys in _FAMILIES.values())}
+    branches = [{"type": f, **{k: out[k] for k in _FAMILIES[f] if k in out}} for f in present]
+    others = [t for t in _ALL_TYPES if t not in present]
+    branches.append({"type": others})
+    return {**rest, "anyOf": branches}
 
 
 def _literal_schema(value: Any) -> dict[str, Any]:
@@ -426,6 +510,7 @@ def _combine(target: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 _TAKE_MAX = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _TAKE_MIN = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 
@@ -502,4 +587,6 @@ def prepare(schema: Any, *, lenient: bool) -> tuple[Any, tuple[CoverageEntry, ..
     if schema is False:
         raise UnsupportedSchemaError("false", "", "the schema `false` accepts no value")
     prepared = preparer.schema(schema, "")
+    if preparer.alias_defs:
+        prepared.setdefault("$defs", {}).update(preparer.alias_defs)
     return prepared, tuple(sorted(preparer.coverage.values(), key=lambda e: (e.pointer, e.keyword)))

@@ -146,3 +146,23 @@ def test_validate_reports_pointer_and_json_errors(smol_tokenizer):
     assert choice.validate("no") == [] and choice.validate("nope")
     grammar = constrain.compile(constrain.grammar("arithmetic"), smol_tokenizer)
     assert grammar.validate("1 + 2 * (3 - 4)") == [] and grammar.validate("1 +")
+
+
+def test_closed_objects_default_for_python_types_only(smol_tokenizer):
+    from pydantic import BaseModel, ConfigDict
+
+    class Strict(BaseModel):
+        a: int
+
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        a: int
+
+    extra = '{"a": 1, "b": 2}'
+    assert constrain.json_schema(Strict).closed and not constrain.json_schema(Loose).closed
+    assert not accepts(constrain.compile(constrain.json_schema(Strict), smol_tokenizer), smol_tokenizer, extra)
+    assert accepts(constrain.compile(constrain.json_schema(Loose), smol_tokenizer), smol_tokenizer, extra)
+    schema = Strict.model_json_schema()
+    assert accepts(constrain.compile(constrain.json_schema(schema), smol_tokenizer), smol_tokenizer, extra)
+    closed = constrain.compile(constrain.json_schema(schema, closed=True), smol_tokenizer)
+    assert not accepts(closed, smol_tokenizer, extra) and accepts(closed, smol_tokenizer, '{"a": 1}')
