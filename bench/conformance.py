@@ -27,7 +27,8 @@ def main() -> None:
         sys.exit(f"the suite is not at {SUITE}")
     counts = run_conformance(SUITE, constrain.load_tokenizer())
     print(
-        "| schemas | refused | valid accepted | valid rejected | invalid rejected by the mask | invalid flagged by validate | invalid unflagged |"
+        "| schemas | refused | valid accepted | valid rejected | invalid rejected by the mask "
+        "| invalid flagged by validate | invalid unflagged |"
     )
     print("|---|---|---|---|---|---|---|")
     print(

@@ -31,7 +31,8 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
-ENGINES = ("constrain", "xgrammar", "llguidance")
+ENGINES = ("constrain", "constrain-closed", "xgrammar", "llguidance")
+"""``constrain-closed`` is constrain with ``closed=True``: objects without ``additionalProperties`` take no other keys."""
 
 
 class Adapter:
@@ -41,6 +42,9 @@ class Adapter:
         import torch
 
         self.name = name
+        self.closed = name == "constrain-closed"
+        if self.closed:
+            name = self.name = "constrain"
         self.tokenizer = tokenizer
         if name == "constrain":
             import constrain
@@ -66,7 +70,7 @@ class Adapter:
         if self.name == "constrain":
             import constrain
 
-            return constrain.compile(constrain.json_schema(schema), self.info)
+            return constrain.compile(constrain.json_schema(schema, closed=self.closed), self.info)
         if self.name == "xgrammar":
             return self.compiler.compile_json_schema(text)
         import llguidance
@@ -267,7 +271,8 @@ def main() -> None:
     n = len(entries)
     print(f"MaskBench dev: {n} schemas, SmolLM2 tokenizer, timeout {args.timeout:g} s per schema\n")
     print(
-        "| engine | passing | compile error | validation error | invalidation error | timeout | crash | post-validated instances |"
+        "| engine | passing | compile error | validation error | invalidation error | timeout | crash "
+        "| post-validated instances |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for engine, results in all_results.items():
@@ -278,7 +283,8 @@ def main() -> None:
         post = sum(r.get("post_validated", 0) for r in results)
         print(
             f"| {engine} | {count['passing']} ({count['passing'] / n:.1%}) | {count['compile error']} "
-            f"| {count['validation error']} | {count['invalidation error']} | {count['timeout']} | {count['crash']} | {post} |"
+            f"| {count['validation error']} | {count['invalidation error']} | {count['timeout']} "
+            f"| {count['crash']} | {post} |"
         )
     for metric in ("ttfm", "tbm"):
         print(f"\n{metric.upper()} (µs)\n")

@@ -151,7 +151,7 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
         if isinstance(constraint, JsonSchema):
             engine_schema, coverage = prepare(constraint.schema_value, lenient=constraint.lenient)
             flexible = constraint.whitespace == "flexible"
-            ebnf = xgr.Grammar.from_json_schema(
+            grammar: xgr.Grammar | str = xgr.Grammar.from_json_schema(
                 json.dumps(engine_schema, ensure_ascii=False),
                 any_whitespace=flexible,
                 separators=None if flexible else (",", ":"),
@@ -159,11 +159,11 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
                 max_whitespace_cnt=MAX_WHITESPACE if flexible else None,
                 any_order=constraint.property_order == "any",
             )
-            opened = _open_extra_keys(str(ebnf))
+            opened = _open_extra_keys(str(grammar))
             if opened is not None:
-                ebnf = opened
+                grammar = opened
                 coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
-            return CompiledConstraint(constraint, info, compiler.compile_grammar(ebnf), coverage, engine_schema)
+            return CompiledConstraint(constraint, info, compiler.compile_grammar(grammar), coverage, engine_schema)
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):

@@ -7,6 +7,7 @@ tokenizer-dependent work; :func:`constrain.compile` does that, cached.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -143,18 +144,27 @@ def json_schema(
     if not isinstance(value, (dict, bool)):
         raise SchemaError(f"a schema is an object or a boolean, got {type(value).__name__}")
     try:
-        jsonschema.Draft202012Validator.check_schema(value)
-    except jsonschema.SchemaError as err:
-        pointer = "/" + "/".join(str(p) for p in err.path) if err.path else ""
-        raise SchemaError(err.message, pointer) from err
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise SchemaError(f"the schema is not JSON: {err}") from err
+    _check_schema(text)
     if whitespace not in ("flexible", "compact"):
         raise ValueError(f'whitespace must be "flexible" or "compact", got {whitespace!r}')
     if property_order not in ("any", "schema"):
         raise ValueError(f'property_order must be "any" or "schema", got {property_order!r}')
     if closed is None:
         closed = python_type is not None and getattr(python_type, "model_config", {}).get("extra") != "allow"
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return JsonSchema(text, lenient, whitespace, property_order, closed, python_type)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_schema(text: str) -> None:
+    """Validate against the draft 2020-12 metaschema (cached: it costs about half a millisecond)."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(text))
+    except jsonschema.SchemaError as err:
+        pointer = "/" + "/".join(str(p) for p in err.path) if err.path else ""
+        raise SchemaError(err.message, pointer) from err
 
 
 def _schema_of_type(tp: Any) -> Any:
@@ -192,7 +202,7 @@ def regex(pattern: str) -> Regex:
         lacks (lookaround, backreferences, ``\\p{...}``), with its position.
     """
     if not isinstance(pattern, str):
-        raise TypeError(f"regex pattern must be a str, got {type(pattern).__name__}")
+        raise ValueError(f"regex pattern must be a str, got {type(pattern).__name__}")
     try:
         regex_module.compile(pattern)
     except regex_module.error as err:
@@ -217,7 +227,7 @@ def grammar(ebnf_or_name: str) -> Grammar:
         A syntax error or an undefined rule, with line and column.
     """
     if not isinstance(ebnf_or_name, str):
-        raise TypeError(f"grammar must be EBNF text or a grammar name, got {type(ebnf_or_name).__name__}")
+        raise ValueError(f"grammar must be EBNF text or a grammar name, got {type(ebnf_or_name).__name__}")
     name = None
     if re.fullmatch(r"[A-Za-z_][\w-]*", ebnf_or_name):
         try:

@@ -153,7 +153,7 @@ class _Preparer:
         return _split_by_type(self.distribute_any_of(out, pointer))
 
     def distribute_any_of(self, out: dict[str, Any], pointer: str) -> dict[str, Any]:
-        """``{S, anyOf: [A, B]}`` means ``anyOf: [S and A, S and B]``: spell it out (the engine reads one or the other)."""
+        """``{S, anyOf: [A, B]}`` means ``anyOf: [S and A, S and B]``: spell it out for the engine."""
         branches = out.get("anyOf")
         siblings = {k: v for k, v in out.items() if k not in ("anyOf", "$defs", "definitions")}
         if not branches or not siblings:

@@ -79,6 +79,7 @@ def test_constraints_are_immutable_hashable_and_equal_by_value():
         ({"properties": {"a": {"minLength": -1}}}, "/properties/a/minLength"),
         ({"items": {"type": 3}}, "/items/type"),
         ("{not json", ""),
+        ({"minimum": float("nan")}, ""),
         ([1, 2], ""),
     ],
 )
