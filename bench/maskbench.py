@@ -32,7 +32,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 ENGINES = ("constrain", "constrain-closed", "xgrammar", "llguidance")
-"""``constrain-closed`` is constrain with ``closed=True``: objects without ``additionalProperties`` take no other keys."""
+"""``constrain-closed``: constrain with ``closed=True`` (no keys beyond those declared unless allowed)."""
 
 
 class Adapter:
