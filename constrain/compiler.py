@@ -150,13 +150,13 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
     try:
         if isinstance(constraint, JsonSchema):
             engine_schema, coverage = prepare(constraint.schema_value, lenient=constraint.lenient)
-            flexible = constraint.whitespace == "flexible"
+            compact = constraint.whitespace == "compact"
             grammar: xgr.Grammar | str = xgr.Grammar.from_json_schema(
                 json.dumps(engine_schema, ensure_ascii=False),
-                any_whitespace=flexible,
-                separators=None if flexible else (",", ":"),
+                any_whitespace=not compact,
+                separators=(",", ":") if compact else None,
                 strict_mode=constraint.closed,  # xgrammar's name: absent additionalProperties/items mean none
-                max_whitespace_cnt=MAX_WHITESPACE if flexible else None,
+                max_whitespace_cnt=None if compact else MAX_WHITESPACE[constraint.whitespace],
                 any_order=constraint.property_order == "any",
             )
             opened = _open_extra_keys(str(grammar))

@@ -34,14 +34,16 @@ __all__ = [
     "regex",
 ]
 
-Whitespace = Literal["flexible", "compact"]
-"""JSON whitespace policy: ``"flexible"`` accepts any JSON whitespace, at most
-``MAX_WHITESPACE`` characters per gap; ``"compact"`` allows none (``{"a":1}``)."""
+Whitespace = Literal["single", "pretty", "compact"]
+"""JSON whitespace policy, the number of whitespace characters allowed between two JSON tokens:
+``"single"`` at most one (``json.dumps`` output: ``{"a": [1, 2]}``); ``"pretty"`` up to
+``MAX_WHITESPACE`` (indented text); ``"compact"`` none (``{"a":[1,2]}``). Each bounds how
+long a small model can loop on spaces."""
 
-MAX_WHITESPACE = 16
-"""Longest whitespace run a ``"flexible"`` JSON grammar accepts between two tokens
-of JSON: enough for pretty-printed text 7 levels deep, and a bound on how long a
-small model can loop on spaces."""
+MAX_WHITESPACE = {"single": 1, "pretty": 16, "compact": 0}
+"""Longest whitespace run per policy. ``"pretty"``'s 16 covers indented text 7 levels deep,
+at a cost: measured on 25 MaskBench schemas with SmolLM2's tokenizer, a bound of 16 makes
+the median mask 5x slower than a bound of 1 (8.1 vs 1.6 µs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ class JsonSchema:
 
     schema: str
     lenient: bool = False
-    whitespace: Whitespace = "flexible"
+    whitespace: Whitespace = "single"
     property_order: Literal["any", "schema"] = "any"
     closed: bool = False
     python_type: Any = field(default=None, compare=False, hash=False)  # the Pydantic model or type, if given
@@ -95,7 +97,7 @@ def json_schema(
     schema: Any,
     *,
     lenient: bool = False,
-    whitespace: Whitespace = "flexible",
+    whitespace: Whitespace = "single",
     property_order: Literal["any", "schema"] = "any",
     closed: bool | None = None,
 ) -> JsonSchema:
@@ -111,7 +113,7 @@ def json_schema(
         Strict refuses keywords that can be neither enforced nor checked
         (:class:`~constrain.errors.UnsupportedSchemaError`); lenient approximates
         them and reports it in ``compiled.coverage``.
-    whitespace : {"flexible", "compact"}, default: "flexible"
+    whitespace : {"single", "pretty", "compact"}, default: "single"
         See :data:`Whitespace`.
     property_order : {"any", "schema"}, default: "any"
         ``"any"`` accepts object properties in any order (every valid JSON
@@ -148,8 +150,8 @@ def json_schema(
     except (TypeError, ValueError) as err:
         raise SchemaError(f"the schema is not JSON: {err}") from err
     _check_schema(text)
-    if whitespace not in ("flexible", "compact"):
-        raise ValueError(f'whitespace must be "flexible" or "compact", got {whitespace!r}')
+    if whitespace not in MAX_WHITESPACE:
+        raise ValueError(f'whitespace must be "single", "pretty" or "compact", got {whitespace!r}')
     if property_order not in ("any", "schema"):
         raise ValueError(f'property_order must be "any" or "schema", got {property_order!r}')
     if closed is None:
@@ -178,7 +180,7 @@ def _schema_of_type(tp: Any) -> Any:
         raise SchemaError(f"cannot derive a JSON Schema from {tp!r}: {err}") from err
 
 
-def json_object(*, whitespace: Whitespace = "flexible") -> JsonSchema:
+def json_object(*, whitespace: Whitespace = "single") -> JsonSchema:
     """Any JSON object."""
     return json_schema({"type": "object"}, whitespace=whitespace)
 

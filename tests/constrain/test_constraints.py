@@ -127,7 +127,7 @@ def test_bad_choices(options, message):
 
 def test_bad_options():
     with pytest.raises(ValueError, match="whitespace"):
-        constrain.json_schema({}, whitespace="pretty")  # type: ignore[arg-type]
+        constrain.json_schema({}, whitespace="loose")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="property_order"):
         constrain.json_schema({}, property_order="sorted")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="constraint from constrain"):

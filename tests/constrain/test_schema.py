@@ -115,14 +115,17 @@ def test_dangling_ref_is_a_schema_error(smol_tokenizer):
 
 
 def test_whitespace_policies(smol_tokenizer):
-    flexible = constrain.compile(constrain.json_schema({"type": "object"}), smol_tokenizer)
+    single = constrain.compile(constrain.json_schema({"type": "object"}), smol_tokenizer)
+    pretty = constrain.compile(constrain.json_schema({"type": "object"}, whitespace="pretty"), smol_tokenizer)
+    indented = json.dumps({"a": [1, {"b": None}]}, indent=2)
+    assert accepts(single, smol_tokenizer, '{"a": [1, {"b": null}]}')
+    assert accepts(single, smol_tokenizer, '{"a" : 1}')
+    assert not accepts(single, smol_tokenizer, indented)
+    assert accepts(pretty, smol_tokenizer, indented)
+    assert not accepts(pretty, smol_tokenizer, "{" + " " * 17 + "}")  # bounded runs
     # (xgrammar 0.2.8 keeps ", " inside values the schema leaves free-form: compact covers described structure)
     described = {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}}
     compact = constrain.compile(constrain.json_schema(described, whitespace="compact"), smol_tokenizer)
-    pretty = json.dumps({"a": [1, {"b": None}]}, indent=2)
-    assert accepts(flexible, smol_tokenizer, pretty)
-    assert accepts(flexible, smol_tokenizer, '{"a" : 1}')
-    assert not accepts(flexible, smol_tokenizer, "{" + " " * 17 + "}")  # bounded runs
     assert accepts(compact, smol_tokenizer, '{"a":[1,2]}')
     assert not accepts(compact, smol_tokenizer, '{"a": [1]}')
 
