@@ -62,8 +62,8 @@ class Sampler:
         (``"processed"``) or of the input logits (``"raw"``).
 
     The sampler keeps scratch buffers between calls (it is not thread-safe;
-    use one per thread). A call may modify ``logits`` in place (stages 2-4)
-    when they are float32.
+    use one per thread). A call may overwrite float32 ``logits`` (stages 2-4
+    in place, and the softmax of step 8 when no row asks for logprobs).
     """
 
     def __init__(self) -> None:
@@ -79,7 +79,7 @@ class Sampler:
 
     def __call__(
         self,
-        # [B, V] float32 / float16 / bfloat16; float32 input may be modified in place
+        # [B, V] float32 / float16 / bfloat16; float32 input may be overwritten
         logits: torch.Tensor,
         metadata: SamplingMetadata,
     ) -> SamplerOutput:
@@ -171,11 +171,11 @@ class Sampler:
     ) -> None:
         """Sample rows over the whole vocabulary, without sorting."""
         f, vocab = rows.numel(), md.vocab_size
-        scaled = self._buffer("scaled", f, vocab, logits.device)  # [f, V]
         inv_temperature = md.temperature[rows].reciprocal().unsqueeze(1)  # [f, 1]; multiplying is cheaper
-        if kth is None and f == logits.shape[0]:  # every row, in order: one pass
-            torch.mul(logits, inv_temperature, out=scaled)  # 6.
+        if kth is None and f == logits.shape[0] and md.max_num_logprobs is None:
+            scaled = logits.mul_(inv_temperature)  # 6. every row, nothing reads the logits later: in place
         else:
+            scaled = self._buffer("scaled", f, vocab, logits.device)  # [f, V]
             torch.index_select(logits, 0, rows, out=scaled)
             if kth is not None:  # 7. (k > 128, or ties at the k-th logit)
                 scaled.masked_fill_(scaled < kth.unsqueeze(1), float("-inf"))
@@ -324,7 +324,6 @@ def sample(
         output_token_ids=output_token_ids,
         token_bitmask=token_bitmask,
     )
-    touches_logits = token_bitmask is not None or metadata.logit_bias is not None or metadata.penalties is not None
-    if touches_logits and logits.dtype == torch.float32:
+    if logits.dtype == torch.float32:  # the Sampler may overwrite float32 logits
         logits = logits.clone()
     return Sampler()(logits, metadata)

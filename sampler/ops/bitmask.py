@@ -51,9 +51,10 @@ def bitmask_penalty(
     One gather from a 256-entry table per byte of the bitmask (little-endian
     bytes hold tokens 8j..8j+7), no per-bit shifts. Does not mutate ``bitmask``.
     """
-    n = bitmask.shape[0]
-    byte_idx = bitmask.contiguous().view(torch.uint8).flatten().int()  # [n * 4 * words]
-    return torch.index_select(_penalty_lut(bitmask.device), 0, byte_idx).view(n, -1)[:, :vocab_size]
+    n, words = bitmask.shape
+    byte_idx = bitmask.contiguous().view(torch.uint8).view(-1).int()  # [n * 4 * words]
+    penalty = torch.index_select(_penalty_lut(bitmask.device), 0, byte_idx).view(n, -1)  # [n, 32 * words]
+    return penalty if words * 32 == vocab_size else penalty[:, :vocab_size]
 
 
 def apply_token_bitmask_inplace(

@@ -8,7 +8,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace
+from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace, sample
 from sampler.ops.topk_topp import apply_top_k_top_p_min_p
 
 from reference import allowed_from_bitmask, filtered_logits, target_distribution
@@ -220,3 +220,15 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int) -> int:
     return int(
         Sampler()(logits.clone(), SamplingMetadata.build([p], vocab_size=logits.shape[1], device="cpu")).token_ids[0]
     )
+
+
+def test_sample_never_modifies_its_input():
+    logits = torch.randn(3, VOCAB)
+    before = logits.clone()
+    sample(
+        logits,
+        [SamplingParams(top_p=0.9), SamplingParams(repetition_penalty=2.0), SamplingParams(temperature=0)],
+        output_token_ids=[[1], [1], [1]],
+        token_bitmask=torch.full((3, 32), -1, dtype=torch.int32),
+    )
+    assert torch.equal(logits, before)
