@@ -18,6 +18,7 @@ from constrain.constraints import (
     json_schema,
     regex,
 )
+from constrain.detokenizer import IncrementalDetokenizer
 from constrain.errors import (
     CompileError,
     ConstraintError,
@@ -29,6 +30,7 @@ from constrain.errors import (
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelNotFoundError, load_tokenizer
 from constrain.schema import CoverageEntry
+from constrain.stopping import StopText, StopUpdate
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 from sampler import SamplingParams, sample
 
@@ -41,6 +43,7 @@ __all__ = [
     "CoverageEntry",
     "Grammar",
     "GrammarError",
+    "IncrementalDetokenizer",
     "JsonSchema",
     "Matcher",
     "ModelNotFoundError",
@@ -48,6 +51,8 @@ __all__ = [
     "RegexError",
     "SamplingParams",
     "SchemaError",
+    "StopText",
+    "StopUpdate",
     "TokenizerInfo",
     "UnsupportedSchemaError",
     "allocate_token_bitmask",
