@@ -28,7 +28,7 @@ from constrain.errors import (
     UnsupportedSchemaError,
 )
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.models import ModelNotFoundError, load_tokenizer
+from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.schema import CoverageEntry
 from constrain.stopping import StopText, StopUpdate
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
@@ -46,6 +46,7 @@ __all__ = [
     "IncrementalDetokenizer",
     "JsonSchema",
     "Matcher",
+    "ModelHandle",
     "ModelNotFoundError",
     "Regex",
     "RegexError",
@@ -63,6 +64,7 @@ __all__ = [
     "grammar",
     "json_object",
     "json_schema",
+    "load_model",
     "load_tokenizer",
     "regex",
     "sample",

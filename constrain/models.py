@@ -10,13 +10,24 @@ the converted tokenizer is saved under ``$CONSTRAIN_CACHE`` (default
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGED_MODELS", "ModelNotFoundError", "cache_dir", "gguf_path", "load_tokenizer"]
+__all__ = [
+    "PACKAGED_MODELS",
+    "ModelHandle",
+    "ModelNotFoundError",
+    "cache_dir",
+    "gguf_path",
+    "load_model",
+    "load_tokenizer",
+]
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -101,3 +112,109 @@ def load_tokenizer(name_or_path: str | None = None) -> Any:
     tokenizer.save_pretrained(tmp)
     tmp.rename(cached) if not cached.exists() else None
     return tokenizer
+
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>", "<eos>")
+"""Special tokens that end a turn in common chat templates; those a tokenizer has count as EOS."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ModelHandle:
+    """A causal LM with its tokenizer and every id that ends generation."""
+
+    model: Any  # transformers PreTrainedModel, in eval mode
+    tokenizer: Any
+    name: str
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def vocab_size(self) -> int:
+        """The logits' width (may exceed the tokenizer's length)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    generation = getattr(model, "generation_config", None)
+    configured = getattr(generation, "eos_token_id", None) if generation is not None else None
+    for value in (configured, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, (list, tuple)):
+            ids.extend(int(v) for v in value)
+    vocab = tokenizer.get_vocab()
+    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
+    ids.extend(vocab[t] for t in END_OF_TURN_TOKENS if t in special and t in vocab)
+    return tuple(dict.fromkeys(ids))
+
+
+def _load_converted(folder: Path, dtype: Any) -> Any:
+    from safetensors.torch import load_model as load_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    load_weights(model, str(folder / "model.safetensors"))
+    return model
+
+
+def _convert_gguf(gguf: Path, folder: Path, dtype: Any) -> Any:
+    """Dequantize a GGUF checkpoint once (tens of seconds) and keep float32 safetensors for later loads."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype, local_files_only=True)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are stored dequantized
+    (tmp / "config.json").write_text(json.dumps(config))
+    save_model(model, str(tmp / "model.safetensors"))
+    if folder.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(folder)
+    return model
+
+
+def load_model(name_or_path: Any = None, *, dtype: Any = None, device: Any = "cpu") -> ModelHandle:
+    """A model and its tokenizer: a packaged model's name (default SmolLM2-135M-Instruct), a ``.gguf``
+    file, a local Hugging Face model folder, or a ``(model, tokenizer)`` pair.
+
+    A GGUF checkpoint is dequantized once and cached as safetensors under :func:`cache_dir`, so later
+    loads take about a second. Nothing is downloaded; a packaged model that is not installed raises
+    :class:`ModelNotFoundError` with the command that installs it.
+
+    Parameters
+    ----------
+    dtype : torch dtype, default: None (float32)
+    device : torch device or str, default: "cpu"
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    if isinstance(name_or_path, tuple):
+        if len(name_or_path) != 2:
+            raise ValueError("pass a (model, tokenizer) pair")
+        model, tokenizer = name_or_path
+        name = type(model).__name__
+    elif name_or_path is not None and Path(str(name_or_path)).is_dir():
+        folder = Path(str(name_or_path))
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        tokenizer = load_tokenizer(str(folder))
+        name = folder.name
+    else:
+        tokenizer = load_tokenizer(name_or_path)
+        if name_or_path is None or name_or_path in PACKAGED_MODELS:
+            gguf = gguf_path(name_or_path)
+        else:
+            gguf = Path(str(name_or_path))
+        folder = cache_dir() / "models" / f"{gguf.stem}-{_file_key(gguf)}"
+        if (folder / "model.safetensors").is_file():
+            model = _load_converted(folder, dtype)
+        else:
+            model = _convert_gguf(gguf, folder, dtype)
+        name = str(name_or_path or DEFAULT_MODEL)
+    model = model.to(device).eval()
+    return ModelHandle(model, tokenizer, name, _eos_ids(model, tokenizer))
