@@ -27,8 +27,10 @@ from constrain.errors import (
     SchemaError,
     UnsupportedSchemaError,
 )
+from constrain.generate import agenerate, astream, generate, stream
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
+from constrain.results import GenerationResult, StreamEvent, Usage
 from constrain.schema import CoverageEntry
 from constrain.stopping import StopText, StopUpdate
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
@@ -41,6 +43,7 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "CoverageEntry",
+    "GenerationResult",
     "Grammar",
     "GrammarError",
     "IncrementalDetokenizer",
@@ -54,13 +57,18 @@ __all__ = [
     "SchemaError",
     "StopText",
     "StopUpdate",
+    "StreamEvent",
     "TokenizerInfo",
     "UnsupportedSchemaError",
+    "Usage",
+    "agenerate",
     "allocate_token_bitmask",
+    "astream",
     "cache_stats",
     "choice",
     "compile",
     "fill_next_token_bitmasks",
+    "generate",
     "grammar",
     "json_object",
     "json_schema",
@@ -68,5 +76,6 @@ __all__ = [
     "load_tokenizer",
     "regex",
     "sample",
+    "stream",
     "tokenizer_info",
 ]

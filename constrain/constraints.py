@@ -98,7 +98,7 @@ def json_schema(
     *,
     lenient: bool = False,
     whitespace: Whitespace = "single",
-    property_order: Literal["any", "schema"] = "any",
+    property_order: Literal["any", "schema"] | None = None,
     closed: bool | None = None,
 ) -> JsonSchema:
     """A JSON Schema constraint from a schema dict, JSON text, a Pydantic model class or a Python type.
@@ -115,10 +115,11 @@ def json_schema(
         them and reports it in ``compiled.coverage``.
     whitespace : {"single", "pretty", "compact"}, default: "single"
         See :data:`Whitespace`.
-    property_order : {"any", "schema"}, default: "any"
+    property_order : {"any", "schema"} or None, default: None ("schema" for Python types, else "any")
         ``"any"`` accepts object properties in any order (every valid JSON
-        text); ``"schema"`` only in the schema's order, which forces keys during
-        generation.
+        text; the engine then also admits a key twice, which ``validate``
+        reports); ``"schema"`` only in the schema's order, which forces keys
+        during generation and never repeats one.
     closed : bool or None, default: None (True for Python types, False for schemas)
         ``False`` follows the specification: an object without
         ``additionalProperties`` accepts other keys (any value), an array
@@ -152,6 +153,8 @@ def json_schema(
     _check_schema(text)
     if whitespace not in MAX_WHITESPACE:
         raise ValueError(f'whitespace must be "single", "pretty" or "compact", got {whitespace!r}')
+    if property_order is None:
+        property_order = "schema" if python_type is not None else "any"
     if property_order not in ("any", "schema"):
         raise ValueError(f'property_order must be "any" or "schema", got {property_order!r}')
     if closed is None:

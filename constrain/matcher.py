@@ -99,6 +99,19 @@ class Matcher:
         """True when the text so far is a complete match (EOS would be accepted now)."""
         return bool(self._xgr.is_completed())
 
+    def can_continue(self) -> bool:
+        """Whether any token besides EOS is allowed now (a complete ``12`` may still become ``123``).
+
+        Does not change the matcher state.
+        """
+        bitmask = allocate_token_bitmask(1, self.compiled.vocab_size)
+        self._xgr.fill_next_token_bitmask(bitmask, 0)
+        words = bitmask[0]  # [ceil(V / 32)] int32
+        for token in self.compiled.tokenizer.eos_token_ids:
+            bit = 1 << (token % 32)
+            words[token // 32] &= ~(bit - (1 << 32) if bit >= 1 << 31 else bit)  # as a signed int32
+        return bool((words != 0).any())
+
     def forced_text(self) -> str:
         """The longest text every continuation starts with ("" if the next character is free).
 

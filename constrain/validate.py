@@ -24,9 +24,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
 def parse_json(text: str) -> Any:
-    """Strict JSON: NaN, Infinity and trailing garbage are errors."""
-    return json.loads(text, parse_constant=_no_constant)
+    """Strict JSON: NaN, Infinity, duplicate keys and trailing garbage are errors."""
+    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
 
 
 @functools.lru_cache(maxsize=256)

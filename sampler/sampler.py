@@ -273,6 +273,8 @@ def _process(
 ) -> torch.Tensor:
     """Stages 1-4: float32, bitmask, logit bias, penalties. Returns the float32 logits."""
     logits = logits.float()  # 1. a no-op for float32
+    if not logits.is_contiguous():  # e.g. a model's logits[:, -1, :]: the in-place kernels need rows in one piece
+        logits = logits.contiguous()
     if md.token_bitmask is not None:  # 2.
         apply_token_bitmask_inplace(logits, md.token_bitmask, md.bitmask_rows)
     if md.logit_bias is not None:  # 3.

@@ -1,0 +1,416 @@
+"""The decode loop: forward -> grammar bitmask -> sampler -> stop criteria -> detokenize.
+
+One loop serves a batch: prompts are left-padded into one prefill, then every
+step runs one forward for the whole batch (transformers' KV cache), one batched
+bitmask fill for the constrained rows, and one sampler call; finished rows leave
+the batch (and the cache) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from constrain.compiler import CompiledConstraint, compile
+from constrain.constraints import Constraint, JsonSchema, choice, grammar, json_schema, regex
+from constrain.detokenizer import IncrementalDetokenizer
+from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.models import ModelHandle, load_model
+from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
+from constrain.stopping import StopText
+from constrain.validate import parse_json
+from sampler import Sampler, SamplingMetadata, SamplingParams
+
+__all__ = ["agenerate", "astream", "generate", "stream"]
+
+DEFAULT_MAX_TOKENS = 256
+"""``max_tokens`` when none is given."""
+
+Prompt = str | Sequence[dict[str, str]]
+"""A completion prompt, or chat messages (``[{"role": ..., "content": ...}]``) for the chat template."""
+
+
+def _constraint(
+    schema: Any, regex_: str | None, grammar_: str | None, choices: Sequence[str] | None, constraint: Any
+) -> Constraint | None:
+    given = [x is not None for x in (schema, regex_, grammar_, choices, constraint)]
+    if sum(given) > 1:
+        raise ValueError("pass at most one of schema=, regex=, grammar=, choices=, constraint=")
+    if schema is not None:
+        # Generation takes keys in the schema's order: forced, never repeated (pass a
+        # json_schema(..., property_order="any") constraint to let the model choose).
+        return schema if isinstance(schema, JsonSchema) else json_schema(schema, property_order="schema")
+    if regex_ is not None:
+        return regex(regex_)
+    if grammar_ is not None:
+        return grammar(grammar_)
+    if choices is not None:
+        return choice(choices)
+    return constraint
+
+
+def _prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
+    tokenizer = handle.tokenizer
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt))
+    if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+        raise ValueError("a prompt is a string or a non-empty list of {'role': ..., 'content': ...} messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{handle.name} has no chat template: pass the prompt as a string")
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@dataclass
+class _Request:
+    """One completion in flight."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    compiled: CompiledConstraint | None
+    max_tokens: int
+    stop: StopText
+    detok: IncrementalDetokenizer
+    eos: frozenset[int]
+    context_limit: int
+    on_event: Callable[[StreamEvent], None] | None = None
+    matcher: Matcher | None = None
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    stop_hit: bool = False  # a stop string or regex ended it (its text is already cut)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.compiled is not None:
+            self.matcher = self.compiled.matcher()
+
+    def _emit(self, text: str, token_ids: list[int]) -> None:
+        self.text += text
+        if self.on_event is not None and (text or token_ids):
+            self.on_event(StreamEvent(text, token_ids, _partial(self.compiled, self.text)))
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        self.finish_reason, self.error = reason, error
+        if reason == "stop" and self.stop_hit:
+            return
+        update = self.stop.feed(self.detok.finish())
+        if update.stopped:
+            self.stop_hit = True
+            self._emit(update.text, [])
+            self.finish_reason = "stop"
+            return
+        self._emit(update.text + self.stop.flush(), [])
+
+    def step(self, token: int) -> bool:
+        """Take the sampled token; return True when the request is finished."""
+        if token < 0:
+            self.finish("error", "the grammar allows no token here (a dead end)")
+            return True
+        if token in self.eos:
+            self.finish("stop")
+            return True
+        if self.matcher is not None and not self.matcher.accept_token(token):
+            self.finish("error", f"the grammar rejected token {token}")
+            return True
+        self.output_ids.append(token)
+        update = self.stop.feed(self.detok.add(token))
+        self._emit(update.text, [token])
+        if update.stopped:
+            self.stop_hit = True
+            self.finish("stop")
+        elif self.matcher is not None and self.matcher.is_completed() and not self.matcher.can_continue():
+            self.finish("stop")
+        elif (
+            len(self.output_ids) >= self.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= self.context_limit
+        ):
+            self.finish("length")
+        return self.finish_reason is not None
+
+    def result(self) -> GenerationResult:
+        assert self.finish_reason is not None
+        violations, value = _check(self.compiled, self.text)
+        if self.finish_reason == "error" and not violations:
+            violations = [self.error or "generation failed"]
+        asked = self.params.logprobs is not None
+        return GenerationResult(
+            text=self.text,
+            value=value,
+            finish_reason=self.finish_reason,
+            token_ids=list(self.output_ids),
+            usage=Usage(len(self.prompt_ids), len(self.output_ids)),
+            violations=violations,
+            logprobs=self.logprobs if asked else None,
+            top_logprobs=self.top_logprobs if asked and self.params.logprobs else None,
+            error=self.error,
+        )
+
+
+def _partial(compiled: CompiledConstraint | None, text: str) -> Any:
+    if compiled is None or not isinstance(compiled.constraint, JsonSchema) or not text.strip():
+        return None
+    from pydantic_core import from_json
+
+    try:
+        return from_json(text, allow_partial=True)
+    except ValueError:
+        return None
+
+
+def _check(compiled: CompiledConstraint | None, text: str) -> tuple[list[str], Any]:
+    """(violations, value) of the finished text."""
+    if compiled is None:
+        return [], text
+    violations = compiled.validate(text)
+    if violations:
+        return violations, None
+    constraint = compiled.constraint
+    if not isinstance(constraint, JsonSchema):
+        return [], text
+    if constraint.python_type is None:
+        return [], parse_json(text)
+    import pydantic
+
+    try:
+        return [], pydantic.TypeAdapter(constraint.python_type).validate_json(text)
+    except pydantic.ValidationError as err:
+        return [f"{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()], None
+
+
+def _run(handle: ModelHandle, requests: list[_Request]) -> None:
+    """Decode every request to its end, as one batch."""
+    model, device = handle.model, next(handle.model.parameters()).device
+    vocab = handle.vocab_size
+    pad = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
+    sampler = Sampler()
+    active = list(requests)
+    width = max(len(r.prompt_ids) for r in active)
+    input_ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in active], device=device)
+    mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in active], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]: left padding must not shift positions
+    cache = None
+    with torch.no_grad():
+        while active:
+            out = model(
+                input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
+            rows = [i for i, r in enumerate(active) if r.matcher is not None]
+            bitmask = None
+            if rows:
+                bitmask = allocate_token_bitmask(len(rows), vocab)
+                fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
+                bitmask = bitmask.to(device)
+            penalized = any(r.params.has_penalties for r in active)
+            metadata = SamplingMetadata.build(
+                [r.params for r in active],
+                vocab_size=vocab,
+                device=device,
+                prompt_token_ids=[r.prompt_ids for r in active] if penalized else None,
+                output_token_ids=[r.output_ids for r in active],
+                token_bitmask=bitmask,
+                bitmask_rows=rows if rows else None,
+            )
+            sampled = sampler(logits, metadata)
+            tokens = sampled.token_ids.tolist()
+            for i, r in enumerate(active):
+                if r.params.logprobs is not None and sampled.logprobs is not None and tokens[i] >= 0:
+                    r.logprobs.append(float(sampled.logprobs.sampled[i]))
+                    top = zip(sampled.logprobs.top_token_ids[i].tolist(), sampled.logprobs.top_logprobs[i].tolist())
+                    r.top_logprobs.append(dict(list(top)[: r.params.logprobs]))
+            keep = [i for i, r in enumerate(active) if not r.step(tokens[i])]
+            if len(keep) < len(active):
+                if not keep:
+                    break
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask = mask[index]
+                active = [active[i] for i in keep]
+            input_ids = torch.tensor([[r.output_ids[-1]] for r in active], device=device)  # [b, 1]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            positions = mask.sum(-1, keepdim=True) - 1  # [b, 1]
+
+
+def _requests(
+    handle: ModelHandle,
+    prompt: Prompt | Sequence[Prompt],
+    constraint: Constraint | None,
+    *,
+    max_tokens: int,
+    stop: Sequence[str] | str | None,
+    stop_regex: Sequence[str] | str | None,
+    n: int,
+    sampling: dict[str, Any],
+    on_event: Callable[[StreamEvent], None] | None = None,
+) -> tuple[list[_Request], bool]:
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], dict))
+    prompts: list[Prompt] = [prompt] if single else list(prompt)  # type: ignore[list-item]
+    if not prompts:
+        raise ValueError("no prompt given")
+    params = SamplingParams(**sampling)
+    compiled = None
+    if constraint is not None:
+        compiled = compile(
+            constraint, handle.tokenizer, vocab_size=handle.vocab_size, eos_token_ids=list(handle.eos_token_ids)
+        )
+    limit = int(getattr(handle.model.config, "max_position_embeddings", 1 << 30))
+    requests = []
+    for p in prompts:
+        ids = _prompt_ids(handle, p)
+        for k in range(n):
+            row_params = params
+            if params.seed is not None and k:  # n samples of one seeded request differ, reproducibly
+                row_params = SamplingParams(**{**sampling, "seed": (params.seed + k) % (1 << 63)})
+            requests.append(
+                _Request(
+                    prompt_ids=ids,
+                    params=row_params,
+                    compiled=compiled,
+                    max_tokens=max_tokens,
+                    stop=StopText(stop or (), stop_regex or ()),
+                    detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
+                    eos=frozenset(handle.eos_token_ids),
+                    context_limit=limit,
+                    on_event=on_event,
+                )
+            )
+    return requests, single
+
+
+def _handle(model: Any) -> ModelHandle:
+    return model if isinstance(model, ModelHandle) else load_model(model)
+
+
+def generate(
+    model: Any,
+    prompt: Prompt | Sequence[Prompt],
+    *,
+    schema: Any = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    choices: Sequence[str] | None = None,
+    constraint: Constraint | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    stop: Sequence[str] | str | None = None,
+    stop_regex: Sequence[str] | str | None = None,
+    n: int = 1,
+    **sampling: Any,
+) -> Any:
+    """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
+
+    Parameters
+    ----------
+    model : ModelHandle, or anything ``load_model`` takes (None: the default model)
+    prompt : a string, chat messages, or a list of those (one batch)
+    max_tokens : int, default: 256
+    stop, stop_regex : stop strings / regexes (cut from the text, with what follows)
+    n : int, default: 1
+        Completions per prompt (seeded requests use seed, seed + 1, ...).
+    **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
+
+    Returns
+    -------
+    A :class:`GenerationResult` for one prompt and ``n == 1``; else a list (per prompt, of ``n``
+    results when ``n > 1``).
+
+    Raises
+    ------
+    ValueError, ConstraintError
+        Bad arguments or constraints, before any token is generated.
+    """
+    handle = _handle(model)
+    requests, single = _requests(
+        handle, prompt, _constraint(schema, regex, grammar, choices, constraint),
+        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, sampling=sampling,
+    )  # fmt: skip
+    _run(handle, requests)
+    results = [r.result() for r in requests]
+    grouped = [results[i : i + n] for i in range(0, len(results), n)] if n > 1 else results
+    return grouped[0] if single else grouped
+
+
+def stream(
+    model: Any,
+    prompt: Prompt,
+    *,
+    schema: Any = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    choices: Sequence[str] | None = None,
+    constraint: Constraint | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    stop: Sequence[str] | str | None = None,
+    stop_regex: Sequence[str] | str | None = None,
+    **sampling: Any,
+) -> Iterator[StreamEvent | GenerationResult]:
+    """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
+    the :class:`GenerationResult` last. Deltas concatenate exactly to the final text; text that
+    could start a stop string is held back until it cannot."""
+    handle = _handle(model)
+    requests, single = _requests(
+        handle, prompt, _constraint(schema, regex, grammar, choices, constraint),
+        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=1, sampling=sampling,
+    )  # fmt: skip
+    if not single:
+        raise ValueError("stream() takes one prompt: use generate() for a batch")
+    queue: list[Any] = []
+    done = threading.Event()
+    lock = threading.Condition()
+
+    def on_event(event: StreamEvent) -> None:
+        with lock:
+            queue.append(event)
+            lock.notify()
+
+    requests[0].on_event = on_event
+    failure: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            _run(handle, requests)
+        except BaseException as err:
+            failure.append(err)
+        finally:
+            with lock:
+                done.set()
+                lock.notify()
+
+    threading.Thread(target=worker, daemon=True).start()
+    while True:
+        with lock:
+            while not queue and not done.is_set():
+                lock.wait()
+            pending, queue[:] = list(queue), []
+        yield from pending
+        if done.is_set() and not queue:
+            break
+    if failure:
+        raise failure[0]
+    yield requests[0].result()
+
+
+async def agenerate(model: Any, prompt: Prompt | Sequence[Prompt], **kwargs: Any) -> Any:
+    """:func:`generate` on a worker thread, for async servers."""
+    return await asyncio.to_thread(generate, model, prompt, **kwargs)
+
+
+async def astream(model: Any, prompt: Prompt, **kwargs: Any) -> AsyncIterator[StreamEvent | GenerationResult]:
+    """:func:`stream` for async servers: events arrive as the worker thread produces them."""
+    iterator = stream(model, prompt, **kwargs)
+    sentinel = object()
+    while True:
+        item = await asyncio.to_thread(next, iterator, sentinel)
+        if item is sentinel:
+            return
+        yield item  # type: ignore[misc]

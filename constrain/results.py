@@ -1,0 +1,58 @@
+"""What generation returns: typed results and stream events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["FinishReason", "GenerationResult", "StreamEvent", "Usage"]
+
+FinishReason = Literal["stop", "length", "error"]
+"""``stop``: EOS, a stop string or regex, or a complete grammar; ``length``: ``max_tokens`` or the
+context window; ``error``: the grammar allowed no token (a dead end), see ``GenerationResult.error``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """One finished completion.
+
+    ``value`` is the validated object for ``schema=`` (a Pydantic instance for a
+    model class, the Python value for a JSON Schema or a type), the text for
+    ``regex``/``choices``/``grammar``, and None when the output violates the
+    constraint: ``violations`` then says why (post-validation never passes a
+    violation silently).
+    """
+
+    text: str
+    value: Any
+    finish_reason: FinishReason
+    token_ids: list[int]
+    usage: Usage
+    violations: list[str] = field(default_factory=list)
+    logprobs: list[float] | None = None  # the sampled tokens' logprobs, when asked
+    top_logprobs: list[dict[int, float]] | None = None  # per token: id -> logprob, when asked
+    error: str | None = None  # why finish_reason is "error"
+
+    @property
+    def valid(self) -> bool:
+        """True when the output satisfies the whole constraint (always for free text)."""
+        return not self.violations and self.finish_reason != "error"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """Text produced by one step of a stream. Deltas concatenate exactly to the final text."""
+
+    delta: str
+    token_ids: list[int]
+    partial: Any = None  # with schema=: the JSON value parsed so far (incomplete strings and all)

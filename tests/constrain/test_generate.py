@@ -1,0 +1,123 @@
+"""The decode loop on a tiny random-weight model with the real SmolLM2 tokenizer (fast), and end to end on
+the default model (a few)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import constrain
+from constrain.generate import agenerate, astream, generate, stream
+from sampler import InvalidSamplingParamsError
+
+SMALL = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"enum": ["x", "y"]},
+        "c": {"type": "boolean"},
+    },
+    "required": ["a", "b", "c"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=2)  # fmt: skip
+    return constrain.load_model((LlamaForCausalLM(config), smol_tokenizer))
+
+
+def test_schema_result_is_valid_and_typed(tiny):
+    for seed in range(3):
+        r = generate(tiny, "JSON:", schema=SMALL, max_tokens=64, seed=seed)
+        assert r.finish_reason == "stop" and r.valid, r
+        assert r.value == json.loads(r.text) and set(r.value) == {"a", "b", "c"}
+        assert r.usage.completion_tokens == len(r.token_ids) > 0
+
+
+def test_regex_choices_grammar_end_when_complete(tiny):
+    r = generate(tiny, "Code:", regex=r"\d{3}", seed=1)
+    assert len(r.text) == 3 and r.text.isdigit() and r.finish_reason == "stop" and r.value == r.text
+    r = generate(tiny, "Label:", choices=["positive", "negative", "neutral"], seed=2)
+    assert r.text in ("positive", "negative", "neutral") and r.valid
+    r = generate(tiny, "Expr:", grammar="arithmetic", max_tokens=40, seed=3)
+    assert r.valid or r.finish_reason == "length"
+
+
+def test_max_tokens_and_stop_strings(tiny):
+    base = generate(tiny, "Once upon a time", max_tokens=30, temperature=0)
+    assert base.finish_reason == "length" and len(base.token_ids) == 30
+    cut = base.text[len(base.text) // 3 : len(base.text) // 3 + 3]
+    stopped = generate(tiny, "Once upon a time", max_tokens=30, temperature=0, stop=[cut])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == base.text[: base.text.index(cut)]
+
+
+def test_batch_n_and_seeds(tiny):
+    results = generate(tiny, ["A:", "Bb:", [{"role": "user", "content": "hi"}]], schema=SMALL, max_tokens=64, seed=5)
+    assert len(results) == 3 and all(r.valid for r in results)
+    many = generate(tiny, "A:", schema=SMALL, n=3, seed=7, max_tokens=64)
+    again = generate(tiny, "A:", schema=SMALL, n=3, seed=7, max_tokens=64)
+    assert [r.text for r in many] == [r.text for r in again]
+    assert len({r.text for r in many}) > 1  # seed, seed + 1, seed + 2
+    grouped = generate(tiny, ["A:", "B:"], regex=r"[ab]{2}", n=2, seed=1)
+    assert [len(g) for g in grouped] == [2, 2]
+
+
+def test_logprobs(tiny):
+    r = generate(tiny, "Code:", regex=r"\d{3}", seed=1, logprobs=2)
+    assert len(r.logprobs) == len(r.token_ids) == 3
+    assert all(lp <= 0 for lp in r.logprobs) and all(len(top) == 2 for top in r.top_logprobs)
+
+
+def test_stream_deltas_concatenate_to_the_result(tiny):
+    events = list(stream(tiny, "JSON:", schema=SMALL, max_tokens=64, seed=3))
+    final = events[-1]
+    assert isinstance(final, constrain.GenerationResult) and final.valid
+    deltas = [e for e in events[:-1] if isinstance(e, constrain.StreamEvent)]
+    assert "".join(e.delta for e in deltas) == final.text
+    assert any(e.partial for e in deltas)  # partial JSON while fields complete
+
+
+def test_async_variants(tiny):
+    async def main():
+        r = await agenerate(tiny, "Code:", regex=r"\d{2}", seed=4)
+        events = [e async for e in astream(tiny, "Code:", regex=r"\d{2}", seed=4)]
+        return r, events
+
+    r, events = asyncio.run(main())
+    assert events[-1].text == r.text and len(r.text) == 2
+
+
+def test_bad_arguments_fail_before_generating(tiny):
+    with pytest.raises(ValueError, match="at most one"):
+        generate(tiny, "x", regex="a", choices=["a"])
+    with pytest.raises(ValueError, match="max_tokens"):
+        generate(tiny, "x", max_tokens=0)
+    with pytest.raises(InvalidSamplingParamsError, match="top_p"):
+        generate(tiny, "x", top_p=2.0)
+    with pytest.raises(constrain.RegexError):
+        generate(tiny, "x", regex="a(")
+    with pytest.raises(ValueError, match="one prompt"):
+        list(stream(tiny, ["a", "b"]))
+    with pytest.raises(ValueError, match="messages"):
+        generate(tiny, [{"content": "no role"}])
+
+
+def test_default_model_end_to_end():
+    handle = constrain.load_model()
+    prompt = [{"role": "user", "content": "Extract the person: Maria Lopez, 42, lives in Madrid. Answer in JSON."}]
+    schema = json.loads((constrain.models.Path(__file__).parents[2] / "examples/data/person.json").read_text())
+    r = generate(handle, prompt, schema=schema, max_tokens=80, temperature=0)
+    assert r.valid and r.finish_reason == "stop"
+    assert r.value["name"] == "Maria Lopez" and r.value["age"] == 42
+    label = generate(handle, [{"role": "user", "content": "Is fire hot? Answer yes or no."}], choices=["yes", "no"])
+    assert label.text in ("yes", "no") and label.valid
