@@ -1,5 +1,5 @@
 # Two entry points, each creating .venv/ on first use:
-#   make demo   - the main job
+#   make demo   - the main job: a real constrained generation on the default model
 #   make test   - the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) examples/sampler_demo.py
+	$(VENV)/bin/constrain generate "Extract the person: Maria Lopez, 42, lives in Madrid." \
+		--schema examples/data/person.json --temperature 0
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -27,7 +27,7 @@ from constrain.errors import (
     SchemaError,
     UnsupportedSchemaError,
 )
-from constrain.generate import agenerate, astream, generate, stream
+from constrain.generate import Request, agenerate, astream, generate, stream
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.results import GenerationResult, StreamEvent, Usage
@@ -53,6 +53,7 @@ __all__ = [
     "ModelNotFoundError",
     "Regex",
     "RegexError",
+    "Request",
     "SamplingParams",
     "SchemaError",
     "StopText",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from constrain.compiler import CompiledConstraint, compile
-from constrain.constraints import Constraint, JsonSchema, choice, grammar, json_schema, regex
+from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, load_model
@@ -26,7 +26,7 @@ from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
-__all__ = ["agenerate", "astream", "generate", "stream"]
+__all__ = ["Request", "agenerate", "astream", "generate", "stream"]
 
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when none is given."""
@@ -51,6 +51,8 @@ def _constraint(
         return grammar(grammar_)
     if choices is not None:
         return choice(choices)
+    if constraint is not None and not isinstance(constraint, (JsonSchema, Regex, Grammar, Choice)):
+        raise ValueError("constraint= takes a value from constrain.json_schema/regex/grammar/choice")
     return constraint
 
 
@@ -223,7 +225,11 @@ def _run(handle: ModelHandle, requests: list[_Request]) -> None:
             for i, r in enumerate(active):
                 if r.params.logprobs is not None and sampled.logprobs is not None and tokens[i] >= 0:
                     r.logprobs.append(float(sampled.logprobs.sampled[i]))
-                    top = zip(sampled.logprobs.top_token_ids[i].tolist(), sampled.logprobs.top_logprobs[i].tolist())
+                    top = zip(
+                        sampled.logprobs.top_token_ids[i].tolist(),
+                        sampled.logprobs.top_logprobs[i].tolist(),
+                        strict=True,
+                    )
                     r.top_logprobs.append(dict(list(top)[: r.params.logprobs]))
             keep = [i for i, r in enumerate(active) if not r.step(tokens[i])]
             if len(keep) < len(active):
@@ -238,54 +244,68 @@ def _run(handle: ModelHandle, requests: list[_Request]) -> None:
             positions = mask.sum(-1, keepdim=True) - 1  # [b, 1]
 
 
-def _requests(
-    handle: ModelHandle,
-    prompt: Prompt | Sequence[Prompt],
-    constraint: Constraint | None,
-    *,
-    max_tokens: int,
-    stop: Sequence[str] | str | None,
-    stop_regex: Sequence[str] | str | None,
-    n: int,
-    sampling: dict[str, Any],
-    on_event: Callable[[StreamEvent], None] | None = None,
-) -> tuple[list[_Request], bool]:
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], dict))
-    prompts: list[Prompt] = [prompt] if single else list(prompt)  # type: ignore[list-item]
-    if not prompts:
-        raise ValueError("no prompt given")
-    params = SamplingParams(**sampling)
+@dataclass(frozen=True)
+class Request:
+    """One prompt with its own constraint and parameters, for a mixed batch:
+    ``generate(model, [Request(p1, schema=A), Request(p2, regex=r"...", temperature=0)])``."""
+
+    prompt: Prompt
+    schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    choices: Sequence[str] | None = None
+    constraint: Constraint | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: Sequence[str] | str | None = None
+    stop_regex: Sequence[str] | str | None = None
+    n: int = 1
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+
+def _expand(handle: ModelHandle, spec: Request, on_event: Callable[[StreamEvent], None] | None) -> list[_Request]:
+    """The ``n`` in-flight requests of one :class:`Request`; every argument is checked here, up front."""
+    if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
+    if not isinstance(spec.n, int) or spec.n < 1:
+        raise ValueError(f"n must be a positive integer, got {spec.n!r}")
+    params = SamplingParams(**spec.sampling)
+    constraint = _constraint(spec.schema, spec.regex, spec.grammar, spec.choices, spec.constraint)
     compiled = None
     if constraint is not None:
         compiled = compile(
             constraint, handle.tokenizer, vocab_size=handle.vocab_size, eos_token_ids=list(handle.eos_token_ids)
         )
     limit = int(getattr(handle.model.config, "max_position_embeddings", 1 << 30))
-    requests = []
-    for p in prompts:
-        ids = _prompt_ids(handle, p)
-        for k in range(n):
-            row_params = params
-            if params.seed is not None and k:  # n samples of one seeded request differ, reproducibly
-                row_params = SamplingParams(**{**sampling, "seed": (params.seed + k) % (1 << 63)})
-            requests.append(
-                _Request(
-                    prompt_ids=ids,
-                    params=row_params,
-                    compiled=compiled,
-                    max_tokens=max_tokens,
-                    stop=StopText(stop or (), stop_regex or ()),
-                    detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
-                    eos=frozenset(handle.eos_token_ids),
-                    context_limit=limit,
-                    on_event=on_event,
-                )
+    ids = _prompt_ids(handle, spec.prompt)
+    out = []
+    for k in range(spec.n):
+        row_params = params
+        if params.seed is not None and k:  # n samples of one seeded request differ, reproducibly
+            row_params = SamplingParams(**{**spec.sampling, "seed": (params.seed + k) % (1 << 63)})
+        out.append(
+            _Request(
+                prompt_ids=ids,
+                params=row_params,
+                compiled=compiled,
+                max_tokens=spec.max_tokens,
+                stop=StopText(spec.stop or (), spec.stop_regex or ()),
+                detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
+                eos=frozenset(handle.eos_token_ids),
+                context_limit=limit,
+                on_event=on_event,
             )
-    return requests, single
+        )
+    return out
+
+
+def _specs(prompt: Any, template: dict[str, Any]) -> tuple[list[Request], bool]:
+    """The requests of a call, and whether it was a single prompt."""
+    single = isinstance(prompt, (str, Request)) or (bool(prompt) and isinstance(prompt[0], dict))
+    items = [prompt] if single else list(prompt)
+    if not items:
+        raise ValueError("no prompt given")
+    specs = [p if isinstance(p, Request) else Request(p, **template) for p in items]
+    return specs, single
 
 
 def _handle(model: Any) -> ModelHandle:
@@ -330,14 +350,16 @@ def generate(
         Bad arguments or constraints, before any token is generated.
     """
     handle = _handle(model)
-    requests, single = _requests(
-        handle, prompt, _constraint(schema, regex, grammar, choices, constraint),
+    template = dict(
+        schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
         max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, sampling=sampling,
     )  # fmt: skip
-    _run(handle, requests)
-    results = [r.result() for r in requests]
-    grouped = [results[i : i + n] for i in range(0, len(results), n)] if n > 1 else results
-    return grouped[0] if single else grouped
+    specs, single = _specs(prompt, template)
+    expanded = [_expand(handle, spec, None) for spec in specs]  # every error surfaces before any forward
+    _run(handle, [r for group in expanded for r in group])
+    results = [[r.result() for r in group] for group in expanded]
+    flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
+    return flat[0] if single else flat
 
 
 def stream(
@@ -358,12 +380,14 @@ def stream(
     the :class:`GenerationResult` last. Deltas concatenate exactly to the final text; text that
     could start a stop string is held back until it cannot."""
     handle = _handle(model)
-    requests, single = _requests(
-        handle, prompt, _constraint(schema, regex, grammar, choices, constraint),
-        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=1, sampling=sampling,
+    template = dict(
+        schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
+        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, sampling=sampling,
     )  # fmt: skip
-    if not single:
-        raise ValueError("stream() takes one prompt: use generate() for a batch")
+    specs, single = _specs(prompt, template)
+    if not single or specs[0].n != 1:
+        raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
+    requests = _expand(handle, specs[0], None)
     queue: list[Any] = []
     done = threading.Event()
     lock = threading.Condition()

@@ -72,6 +72,22 @@ def test_batch_n_and_seeds(tiny):
     assert [len(g) for g in grouped] == [2, 2]
 
 
+def test_mixed_batch_of_requests(tiny):
+    results = generate(
+        tiny,
+        [
+            constrain.Request("A:", schema=SMALL, max_tokens=64, sampling={"seed": 1}),
+            constrain.Request("B:", regex=r"\d{4}", sampling={"temperature": 0}),
+            constrain.Request("C:", choices=["yes", "no"], n=2, sampling={"seed": 2}),
+            constrain.Request("D:", max_tokens=5),
+        ],
+    )
+    assert results[0].valid and set(results[0].value) == {"a", "b", "c"}
+    assert len(results[1].text) == 4 and results[1].text.isdigit()
+    assert [r.text in ("yes", "no") for r in results[2]] == [True, True]
+    assert results[3].finish_reason == "length" and len(results[3].token_ids) == 5
+
+
 def test_logprobs(tiny):
     r = generate(tiny, "Code:", regex=r"\d{3}", seed=1, logprobs=2)
     assert len(r.logprobs) == len(r.token_ids) == 3

@@ -1,0 +1,92 @@
+"""The ``constrain`` command line: ``constrain generate "prompt" --schema person.json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="constrain", description="Structured generation with language models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate one completion, streamed")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None, help="packaged model name, .gguf file or model folder (default SmolLM2)")
+    what = gen.add_mutually_exclusive_group()
+    what.add_argument("--schema", type=Path, help="a JSON Schema file")
+    what.add_argument("--regex")
+    what.add_argument("--grammar", help="EBNF text, a .ebnf file, or a shipped grammar's name")
+    what.add_argument("--choices", nargs="+")
+    gen.add_argument("--raw", action="store_true", help="use the prompt as is (default: the model's chat template)")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gen.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
+    for name, kind in (("temperature", float), ("top-k", int), ("top-p", float), ("min-p", float),
+                       ("repetition-penalty", float), ("seed", int)):  # fmt: skip
+        gen.add_argument(f"--{name}", type=kind, default=None)
+    return parser
+
+
+def _load(model: str | None) -> Any:
+    from rich.console import Console
+
+    from constrain.models import load_model
+
+    with Console(stderr=True).status("loading the model (the first load converts it, later ones are quick)..."):
+        return load_model(model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from constrain.errors import ConstraintError
+    from constrain.generate import stream
+    from constrain.models import ModelNotFoundError
+    from constrain.results import GenerationResult
+
+    sampling = {
+        key: value
+        for key, value in {
+            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+            "repetition_penalty": args.repetition_penalty, "seed": args.seed,
+        }.items()
+        if value is not None
+    }  # fmt: skip
+    grammar = args.grammar
+    if grammar is not None and Path(grammar).is_file():
+        grammar = Path(grammar).read_text()
+    try:
+        schema = json.loads(args.schema.read_text()) if args.schema else None
+        handle = _load(args.model)
+        prompt: Any = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+        result = None
+        for event in stream(
+            handle, prompt, schema=schema, regex=args.regex, grammar=grammar, choices=args.choices,
+            max_tokens=args.max_tokens, stop=args.stop, **sampling,
+        ):  # fmt: skip
+            if isinstance(event, GenerationResult):
+                result = event
+            elif not args.no_stream:
+                print(event.delta, end="", flush=True)
+    except (ConstraintError, ValueError, ModelNotFoundError, OSError) as err:
+        print(f"constrain: error: {err}", file=sys.stderr)
+        return 2
+    assert result is not None
+    if args.no_stream:
+        print(result.text, end="")
+    print()
+    print(f"-- finish_reason={result.finish_reason}, {result.usage.completion_tokens} tokens", file=sys.stderr)
+    if result.violations:
+        print("-- violations: " + "; ".join(result.violations), file=sys.stderr)
+        return 1
+    if schema is not None:
+        print(json.dumps(result.value, ensure_ascii=False, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
