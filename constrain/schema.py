@@ -150,6 +150,10 @@ class _Preparer:
             del self._expanding[len(self._expanding) - len(inlined) :]
         self.loosen_for_checked(node, out, pointer)
         self.integer_bounds(out, pointer)
+        if ("pattern" in out or "format" in out) and ("minLength" in out or "maxLength" in out):
+            for key in ("minLength", "maxLength"):  # the engine drops lengths beside a pattern or format
+                if out.pop(key, None) is not None:
+                    self.mark(pointer, key, "checked", "beside a pattern or format: validated afterwards")
         return _split_by_type(self.distribute_any_of(out, pointer))
 
     def distribute_any_of(self, out: dict[str, Any], pointer: str) -> dict[str, Any]:
@@ -355,6 +359,9 @@ class _Preparer:
         if not isinstance(value, str):
             raise SchemaError("pattern must be a string", at)
         search = _search_pattern(value)
+        if search is None:
+            self.mark(at, key, "checked", "anchors inside the pattern: validated afterwards")
+            return
         try:
             xgr.Grammar.from_regex(search)
         except RuntimeError:
@@ -447,8 +454,12 @@ def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def _search_pattern(pattern: str) -> str:
-    """JSON Schema ``pattern`` is a search: pad unanchored ends so the engine's full match agrees."""
+def _search_pattern(pattern: str) -> str | None:
+    """JSON Schema ``pattern`` is a search: pad unanchored ends so the engine's full match agrees.
+
+    None when the engine would misread it: an anchor inside the pattern (xgrammar ignores those)
+    or a top-level ``|`` (an outer anchor binds one alternative only).
+    """
     body = pattern
     start = body.startswith("^")
     end = body.endswith("$") and not body.endswith("\\$")
@@ -456,6 +467,22 @@ def _search_pattern(pattern: str) -> str:
         body = body[1:]
     if end:
         body = body[:-1]
+    depth, in_class, escaped = 0, False, False
+    for ch in body:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch in "^$" or (ch == "|" and depth == 0 and (start or end)):
+            return None
     return ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*")
 
 

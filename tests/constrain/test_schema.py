@@ -25,6 +25,10 @@ schema__valid__invalid = [
     ({"enum": [1, "x", None, {"k": True}, [0]]}, [1, "x", None, {"k": True}, [0]], [2, {"k": False}, [0, 0]]),
     ({"type": "string", "pattern": "a+"}, ["xaay", "a"], ["b", ""]),  # search, not full match
     ({"type": "string", "pattern": "^a+$"}, ["aa"], ["ab"]),
+    ({"type": "string", "pattern": "^ab|cd$"}, ["abx", "xcd"], ["xab", "cdx"]),  # outer anchors bind one branch
+    ({"type": "string", "pattern": "(^a|b)c"}, ["ac", "xbc"], ["xac"]),  # an anchor inside
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 3, "maxLength": 4}, ["abc"], ["ab", "abcde", "AB1"]),
+    ({"type": "string", "format": "email", "maxLength": 8}, ["a@b.co"], ["abcdef@b.co"]),
     ({"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.5}, [1, 3], [0, 4]),
     ({"type": "integer", "maximum": 10**20}, [5, 10**19], [10**21]),
     ({"type": "number", "multipleOf": 0.5}, [1.5, 2], [1.2]),
