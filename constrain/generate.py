@@ -262,7 +262,7 @@ class Request:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
-def _expand(handle: ModelHandle, spec: Request, on_event: Callable[[StreamEvent], None] | None) -> list[_Request]:
+def _expand(handle: ModelHandle, spec: Request) -> list[_Request]:
     """The ``n`` in-flight requests of one :class:`Request`; every argument is checked here, up front."""
     if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
@@ -292,7 +292,6 @@ def _expand(handle: ModelHandle, spec: Request, on_event: Callable[[StreamEvent]
                 detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
                 eos=frozenset(handle.eos_token_ids),
                 context_limit=limit,
-                on_event=on_event,
             )
         )
     return out
@@ -355,7 +354,7 @@ def generate(
         max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, sampling=sampling,
     )  # fmt: skip
     specs, single = _specs(prompt, template)
-    expanded = [_expand(handle, spec, None) for spec in specs]  # every error surfaces before any forward
+    expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
     _run(handle, [r for group in expanded for r in group])
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
@@ -387,7 +386,7 @@ def stream(
     specs, single = _specs(prompt, template)
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
-    requests = _expand(handle, specs[0], None)
+    requests = _expand(handle, specs[0])
     queue: list[Any] = []
     done = threading.Event()
     lock = threading.Condition()
