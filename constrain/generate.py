@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,12 @@ class _Request:
             self.finish("length")
         return self.finish_reason is not None
 
+    def record_logprobs(self, logprobs: Any, row: int) -> None:
+        """Keep the sampled token's logprob and the top ones this request asked for."""
+        self.logprobs.append(float(logprobs.sampled[row]))
+        top = zip(logprobs.top_token_ids[row].tolist(), logprobs.top_logprobs[row].tolist(), strict=True)
+        self.top_logprobs.append(dict(list(top)[: self.params.logprobs]))
+
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None
         violations, value = _check(self.compiled, self.text)
@@ -186,8 +193,30 @@ def _check(compiled: CompiledConstraint | None, text: str) -> tuple[list[str], A
         return [f"{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()], None
 
 
-def _run(handle: ModelHandle, requests: list[_Request]) -> None:
-    """Decode every request to its end, as one batch."""
+class _Clock:
+    """Adds the seconds spent in each stage to ``totals`` (a no-op without it)."""
+
+    def __init__(self, totals: dict[str, float] | None) -> None:
+        self.totals = totals
+        self._stage = ""
+        self._start = 0.0
+
+    def __call__(self, stage: str) -> _Clock:
+        self._stage = stage
+        return self
+
+    def __enter__(self) -> None:
+        if self.totals is not None:
+            self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.totals is not None:
+            self.totals[self._stage] = self.totals.get(self._stage, 0.0) + time.perf_counter() - self._start
+
+
+def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float] | None = None) -> None:
+    """Decode every request to its end, as one batch; ``timings`` collects seconds per stage."""
+    clock = _Clock(timings)
     model, device = handle.model, next(handle.model.parameters()).device
     vocab = handle.vocab_size
     pad = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
@@ -200,38 +229,30 @@ def _run(handle: ModelHandle, requests: list[_Request]) -> None:
     cache = None
     with torch.no_grad():
         while active:
-            out = model(
-                input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-            )
-            cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
-            rows = [i for i, r in enumerate(active) if r.matcher is not None]
-            bitmask = None
-            if rows:
-                bitmask = allocate_token_bitmask(len(rows), vocab)
-                fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
-                bitmask = bitmask.to(device)
-            penalized = any(r.params.has_penalties for r in active)
-            metadata = SamplingMetadata.build(
-                [r.params for r in active],
-                vocab_size=vocab,
-                device=device,
-                prompt_token_ids=[r.prompt_ids for r in active] if penalized else None,
-                output_token_ids=[r.output_ids for r in active],
-                token_bitmask=bitmask,
-                bitmask_rows=rows if rows else None,
-            )
-            sampled = sampler(logits, metadata)
-            tokens = sampled.token_ids.tolist()
-            for i, r in enumerate(active):
-                if r.params.logprobs is not None and sampled.logprobs is not None and tokens[i] >= 0:
-                    r.logprobs.append(float(sampled.logprobs.sampled[i]))
-                    top = zip(
-                        sampled.logprobs.top_token_ids[i].tolist(),
-                        sampled.logprobs.top_logprobs[i].tolist(),
-                        strict=True,
-                    )
-                    r.top_logprobs.append(dict(list(top)[: r.params.logprobs]))
-            keep = [i for i, r in enumerate(active) if not r.step(tokens[i])]
+            with clock("forward"):
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
+            with clock("mask"):
+                rows = [i for i, r in enumerate(active) if r.matcher is not None]
+                bitmask = None
+                if rows:
+                    bitmask = allocate_token_bitmask(len(rows), vocab)
+                    fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
+                    bitmask = bitmask.to(device)
+            with clock("sampler"):
+                sampled = _sample(sampler, active, logits, vocab, device, bitmask, rows)
+                tokens = sampled.token_ids.tolist()
+            with clock("stop+detokenize"):
+                for i, r in enumerate(active):
+                    if r.params.logprobs is not None and sampled.logprobs is not None and tokens[i] >= 0:
+                        r.record_logprobs(sampled.logprobs, i)
+                keep = [i for i, r in enumerate(active) if not r.step(tokens[i])]
             if len(keep) < len(active):
                 if not keep:
                     break
@@ -242,6 +263,31 @@ def _run(handle: ModelHandle, requests: list[_Request]) -> None:
             input_ids = torch.tensor([[r.output_ids[-1]] for r in active], device=device)  # [b, 1]
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             positions = mask.sum(-1, keepdim=True) - 1  # [b, 1]
+
+
+def _sample(
+    sampler: Sampler,
+    active: list[_Request],
+    # [b, V] float
+    logits: torch.Tensor,
+    vocab: int,
+    device: torch.device,
+    # [c, ceil(V / 32)] int32 or None
+    bitmask: torch.Tensor | None,
+    rows: list[int],
+) -> Any:
+    """One sampler call for the batch, with each row's parameters and history."""
+    penalized = any(r.params.has_penalties for r in active)
+    metadata = SamplingMetadata.build(
+        [r.params for r in active],
+        vocab_size=vocab,
+        device=device,
+        prompt_token_ids=[r.prompt_ids for r in active] if penalized else None,
+        output_token_ids=[r.output_ids for r in active],
+        token_bitmask=bitmask,
+        bitmask_rows=rows if rows else None,
+    )
+    return sampler(logits, metadata)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""Constrained vs unconstrained generation on the default model, side by side in one run.
+
+For batch 1 and batch 8: a JSON extraction constrained by a schema, then unconstrained generation of
+the same number of tokens (``max_tokens`` set to the constrained run's output length). Prints tokens/s,
+the ratio constrained / unconstrained, batch 8 / batch 1, and the per-step split (forward, mask fill,
+sampler, stop checks + detokenizer) in ms per step.
+
+Usage: ``python bench/generate.py [--repeats 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import constrain  # noqa: E402
+
+gen = importlib.import_module("constrain.generate")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "maxLength": 40},
+        "job": {"type": "string", "maxLength": 40},
+    },
+    "required": ["name", "age", "city", "job"],
+    "additionalProperties": False,
+}
+PROMPT = [{"role": "user", "content": "Extract as JSON: Maria Lopez, 42, a nurse, lives in Madrid."}]
+STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+
+
+def run(handle: constrain.ModelHandle, spec: constrain.Request, batch: int) -> tuple[int, float, dict[str, float]]:
+    """(output tokens, seconds, per-stage seconds) of one batched generation."""
+    requests = [r for _ in range(batch) for r in gen._expand(handle, spec)]
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    gen._run(handle, requests, timings)
+    seconds = time.perf_counter() - start
+    return sum(len(r.output_ids) for r in requests), seconds, timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    handle = constrain.load_model()
+    base = constrain.generate(handle, PROMPT, schema=SCHEMA, temperature=0, max_tokens=120)
+    length = len(base.token_ids)
+    print(f"model {handle.name}, {torch_threads()} threads; constrained output: {length} tokens, {base.text!r}\n")
+    print("| run | batch | tokens | s | tokens/s | steps | forward ms/step | mask | sampler | stop+detok |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rates: dict[tuple[str, int], float] = {}
+    for batch in (1, 8):
+        for name, spec in (
+            ("constrained", constrain.Request(PROMPT, schema=SCHEMA, max_tokens=length, sampling={"temperature": 0})),
+            ("unconstrained", constrain.Request(STORY, max_tokens=length, sampling={"temperature": 0})),
+        ):
+            runs = [run(handle, spec, batch) for _ in range(args.repeats)]
+            tokens, seconds, timings = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run
+            steps = tokens / batch
+            split = {k: v / steps * 1e3 for k, v in timings.items()}
+            rates[name, batch] = tokens / seconds
+            print(
+                f"| {name} | {batch} | {tokens} | {seconds:.2f} | {tokens / seconds:.1f} | {steps:.0f} "
+                f"| {split.get('forward', 0):.1f} | {split.get('mask', 0):.2f} | {split.get('sampler', 0):.2f} "
+                f"| {split.get('stop+detokenize', 0):.2f} |",
+                flush=True,
+            )
+    for batch in (1, 8):
+        ratio = rates["constrained", batch] / rates["unconstrained", batch]
+        print(f"\nbatch {batch}: constrained runs at {ratio:.1%} of unconstrained tokens/s", end="")
+    print(f"\nbatch 8 / batch 1 tokens/s: constrained {rates['constrained', 8] / rates['constrained', 1]:.2f}x, "
+          f"unconstrained {rates['unconstrained', 8] / rates['unconstrained', 1]:.2f}x")  # fmt: skip
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+if __name__ == "__main__":
+    main()
