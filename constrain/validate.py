@@ -38,12 +38,23 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
 
 
+FORMATS = jsonschema.FormatChecker()
+"""Every format jsonschema can check, whatever the schema's draft: ``format`` is an assertion here
+(a draft-04 schema saying ``"format": "date"`` means a date too)."""
+
+
+@FORMATS.checks("iri", raises=ValueError)
+def _is_iri(instance: object) -> bool:
+    """IRIs need a GPL checker in jsonschema; this one asks for what every IRI has: a scheme."""
+    return not isinstance(instance, str) or regex_module.match(r"[A-Za-z][A-Za-z0-9+.\-]*:", instance) is not None
+
+
 @functools.lru_cache(maxsize=256)
 def _validator(schema_text: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     # An empty registry: no $ref is ever fetched over the network.
-    return cls(schema, registry=Registry(), format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, registry=Registry(), format_checker=FORMATS)
 
 
 def _pointer(path: Any) -> str:
