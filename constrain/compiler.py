@@ -7,6 +7,7 @@ tokenizer) pair; per-request state lives in :class:`~constrain.matcher.Matcher`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -15,15 +16,26 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance
 import xgrammar as xgr
 
+from constrain import llg
 from constrain.cache import ByteLRU
 from constrain.constraints import MAX_WHITESPACE, Choice, Constraint, Grammar, JsonSchema, Regex, _engine_message
 from constrain.errors import CompileError
 from constrain.schema import CoverageEntry, prepare
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 
-__all__ = ["CACHE_MAX_BYTES", "CompiledConstraint", "cache_stats", "choice_ebnf", "compile"]
+__all__ = [
+    "AUTO_MAX_REPEAT",
+    "AUTO_MAX_RULES",
+    "CACHE_MAX_BYTES",
+    "ENGINES",
+    "CompiledConstraint",
+    "cache_stats",
+    "choice_ebnf",
+    "compile",
+]
 
 CACHE_MAX_BYTES = 1 << 30
 """Default bound of the compiled-constraint cache: 1 GiB of compiled grammars."""
@@ -33,16 +45,26 @@ CACHE_MAX_BYTES = 1 << 30
 class CompiledConstraint:
     """A constraint compiled for one tokenizer: immutable and shareable across requests and threads.
 
-    ``coverage`` (JSON Schema only) says, per JSON pointer and keyword, whether
-    the grammar enforces it, or the result is checked afterwards, or it was
-    approximated (lenient) or ignored (annotations): see :mod:`constrain.schema`.
+    ``engine`` is ``"xgrammar"`` (``grammar`` set: masks precomputed at compile
+    time) or ``"llguidance"`` (``llg_template`` set: a matcher each request
+    copies; masks computed lazily). ``coverage`` (JSON Schema only) says, per JSON
+    pointer and keyword, whether the grammar enforces it, or the result is checked
+    afterwards, or it was approximated (lenient) or ignored (annotations): see
+    :mod:`constrain.schema`.
     """
 
     constraint: Constraint
     tokenizer: TokenizerInfo
-    grammar: xgr.CompiledGrammar
+    grammar: xgr.CompiledGrammar | None
     coverage: tuple[CoverageEntry, ...] = ()
     engine_schema: Any = None  # the schema as rewritten for the engine (JSON Schema only)
+    llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
+    llg_grammar_bytes: int = 0
+
+    @property
+    def engine(self) -> str:
+        """``"xgrammar"`` or ``"llguidance"``: which grammar engine serves this constraint."""
+        return "xgrammar" if self.grammar is not None else "llguidance"
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +73,8 @@ class CompiledConstraint:
 
     @property
     def memory_size_bytes(self) -> int:
+        if self.grammar is None:
+            return self.llg_grammar_bytes
         return int(self.grammar.memory_size_bytes)
 
     @property
@@ -129,6 +153,12 @@ _EXCLUDED_KEY_RULE = re.compile(r"^(\S+_addl_key) ::= ")
 _EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
 
 
+_CHARACTERS_RULE = re.compile(r'^(\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+_JSON_CHARACTER = r'(([^\"\\\0-\x1f]) | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
+"""xgrammar spells one character of a string with a length bound as ``[^"\\\r\n]``: that lets raw
+control characters through (invalid JSON) and keeps escapes out. This rule is JSON's character."""
+
+
 def _open_extra_keys(ebnf: str) -> str | None:
     """The grammar with extra-key exclusion tries replaced by ``basic_string``, or None to keep it exact."""
     lines = ebnf.split("\n")
@@ -145,25 +175,42 @@ def _open_extra_keys(ebnf: str) -> str | None:
     return "\n".join(kept)
 
 
+@functools.lru_cache(maxsize=256)
+def _prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate)."""
+    return prepare(constraint.schema_value, lenient=constraint.lenient)
+
+
+@functools.lru_cache(maxsize=64)
+def _json_schema_grammar(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...]]:
+    """xgrammar's EBNF for a JSON schema constraint, and the coverage; pure, memoized."""
+    engine_schema, coverage = _prepared(constraint)
+    compact = constraint.whitespace == "compact"
+    ebnf = str(
+        xgr.Grammar.from_json_schema(
+            json.dumps(engine_schema, ensure_ascii=False),
+            any_whitespace=not compact,
+            separators=(",", ":") if compact else None,
+            strict_mode=constraint.closed,  # xgrammar's name: absent additionalProperties/items mean none
+            max_whitespace_cnt=None if compact else MAX_WHITESPACE[constraint.whitespace],
+            any_order=constraint.property_order == "any",
+        )
+    )
+    ebnf = _CHARACTERS_RULE.sub(lambda found: f"{found.group(1)} ::= {_JSON_CHARACTER}", ebnf)
+    opened = _open_extra_keys(ebnf)
+    if opened is not None:
+        ebnf = opened
+        coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
+    return ebnf, coverage
+
+
 def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
     compiler = _compiler(info)
     try:
         if isinstance(constraint, JsonSchema):
-            engine_schema, coverage = prepare(constraint.schema_value, lenient=constraint.lenient)
-            compact = constraint.whitespace == "compact"
-            grammar: xgr.Grammar | str = xgr.Grammar.from_json_schema(
-                json.dumps(engine_schema, ensure_ascii=False),
-                any_whitespace=not compact,
-                separators=(",", ":") if compact else None,
-                strict_mode=constraint.closed,  # xgrammar's name: absent additionalProperties/items mean none
-                max_whitespace_cnt=None if compact else MAX_WHITESPACE[constraint.whitespace],
-                any_order=constraint.property_order == "any",
-            )
-            opened = _open_extra_keys(str(grammar))
-            if opened is not None:
-                grammar = opened
-                coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
-            return CompiledConstraint(constraint, info, compiler.compile_grammar(grammar), coverage, engine_schema)
+            ebnf, coverage = _json_schema_grammar(constraint)
+            grammar = compiler.compile_grammar(ebnf)
+            return CompiledConstraint(constraint, info, grammar, coverage, _prepared(constraint)[0])
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):
@@ -177,6 +224,65 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
     )
 
 
+def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
+    if not isinstance(constraint, (JsonSchema, Regex)):
+        raise CompileError(f"the llguidance engine serves JSON schemas and regexes, not {type(constraint).__name__}")
+    tokenizer = info.llg_tokenizer()
+    if tokenizer is None:
+        raise CompileError("the llguidance engine needs a fast Hugging Face tokenizer")
+    engine_schema, coverage = _prepared(constraint) if isinstance(constraint, JsonSchema) else (None, ())
+    text = llg.grammar_for(constraint, engine_schema)
+    try:
+        template = llguidance.LLMatcher(tokenizer, text)
+    except ValueError as err:
+        raise CompileError(f"llguidance could not compile the constraint: {err}") from err
+    if template.is_error():
+        raise CompileError(f"llguidance could not compile the constraint: {template.get_error()}")
+    return CompiledConstraint(constraint, info, None, coverage, engine_schema, template, len(text))
+
+
+def _build_auto(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
+    """llguidance, or xgrammar where llguidance refuses the constraint (e.g. a format it does not know)."""
+    try:
+        return _build_llguidance(constraint, info)
+    except CompileError:
+        return _build(constraint, info)
+
+
+ENGINES = ("auto", "xgrammar", "llguidance")
+
+AUTO_MAX_RULES = 450
+AUTO_MAX_REPEAT = 120
+"""``engine="auto"`` serves a JSON schema or regex with llguidance when xgrammar's grammar for it has
+more than ``AUTO_MAX_RULES`` rules, or bounded repetitions (``{m,n}``: ``maxLength``, ``maxItems``,
+``x{1,300}`` in a pattern) whose upper bounds add up to ``AUTO_MAX_REPEAT`` or more (each bound
+counted up to 300). xgrammar precomputes a token-mask cache per grammar position, so these take
+it seconds to compile (a ``maxLength: 1024`` string alone: 0.8 s; measured on 600 MaskBench
+schemas with SmolLM2's tokenizer: up to 8 s), where llguidance, which computes masks lazily,
+takes 1 to 44 ms. The choice is a pure function of the constraint: the same request always
+gets the same engine."""
+
+_REPEAT = re.compile(r"\{(\d+),\s*(-?\d+)\}")
+_PATTERN_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _auto_engine(constraint: Constraint) -> str:
+    """The engine ``"auto"`` picks for ``constraint`` (see :data:`AUTO_MAX_RULES`); pure, memoized."""
+    if isinstance(constraint, Regex):
+        bounds = [int(hi or lo) for lo, hi in _PATTERN_REPEAT.findall(constraint.pattern)]
+        return "llguidance" if sum(min(b, 300) for b in bounds) >= AUTO_MAX_REPEAT else "xgrammar"
+    if not isinstance(constraint, JsonSchema):
+        return "xgrammar"
+    try:
+        ebnf = _json_schema_grammar(constraint)[0]
+    except Exception:  # the build reports it
+        return "xgrammar"
+    bounds = [int(hi) for _, hi in _REPEAT.findall(ebnf) if int(hi) >= 0]
+    heavy = ebnf.count("\n") > AUTO_MAX_RULES or sum(min(b, 300) for b in bounds) >= AUTO_MAX_REPEAT
+    return "llguidance" if heavy else "xgrammar"
+
+
 def compile(
     constraint: Constraint,
     tokenizer: Any,
@@ -184,6 +290,7 @@ def compile(
     vocab_size: int | None = None,
     eos_token_ids: list[int] | None = None,
     timeout_s: float | None = None,
+    engine: str = "auto",
 ) -> CompiledConstraint:
     """Compile ``constraint`` for ``tokenizer``; cached (a repeat costs a dictionary lookup).
 
@@ -198,6 +305,11 @@ def compile(
     timeout_s : float or None, default: None (no limit)
         Compile-time budget in seconds: past it, :class:`CompileError` is
         raised at once (the engine finishes in the background and caches the result).
+    engine : "auto", "xgrammar" or "llguidance", default: "auto"
+        The grammar engine. ``"auto"``: xgrammar (fastest masks), except for JSON
+        schemas and regexes it would take long to compile (:data:`AUTO_MAX_RULES`),
+        which llguidance serves where it supports them. Both enforce the same
+        language, except that llguidance takes properties in the schema's order only.
 
     Raises
     ------
@@ -206,11 +318,16 @@ def compile(
     CompileError
         The engine failed, or the budget ran out.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
     info = tokenizer_info(tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
-    key = (constraint, info.fingerprint)
+    if engine == "auto":  # "auto" served by llguidance keeps its own key: it falls back to xgrammar
+        engine = "auto" if info.llg_future is not None and _auto_engine(constraint) == "llguidance" else "xgrammar"
+    key = (constraint, info.fingerprint, engine)
+    build = {"xgrammar": _build, "llguidance": _build_llguidance, "auto": _build_auto}[engine]
     if timeout_s is None:
-        return _cache.get_or_create(key, lambda: _build(constraint, info))
-    future = _budget_pool.submit(_cache.get_or_create, key, lambda: _build(constraint, info))
+        return _cache.get_or_create(key, lambda: build(constraint, info))
+    future = _budget_pool.submit(_cache.get_or_create, key, lambda: build(constraint, info))
     try:
         return future.result(timeout=timeout_s)
     except FutureTimeout as err:

@@ -9,6 +9,7 @@ the batch (and the cache) at once.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -227,6 +228,8 @@ def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float
     mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in active], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]: left padding must not shift positions
     cache = None
+    # the prompt's logits are not needed past its last position ([B, T, V] would dominate the prefill)
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
         while active:
             with clock("forward"):
@@ -236,6 +239,7 @@ def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
+                    **last_only,
                 )
                 cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
             with clock("mask"):

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 import xgrammar as xgr
 
+from constrain import llg
+from constrain.llg import LlgState
+
 if TYPE_CHECKING:
     from constrain.compiler import CompiledConstraint
 
@@ -45,11 +48,16 @@ class Matcher:
     def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
         self.compiled = compiled
         self._max_rollback = max_rollback_tokens
-        self._xgr = xgr.GrammarMatcher(
-            compiled.grammar,
-            override_stop_tokens=list(compiled.tokenizer.eos_token_ids) or None,
-            max_rollback_tokens=max_rollback_tokens,
-        )
+        self._engine: xgr.GrammarMatcher | LlgState
+        if compiled.grammar is not None:
+            self._engine = xgr.GrammarMatcher(
+                compiled.grammar,
+                override_stop_tokens=list(compiled.tokenizer.eos_token_ids) or None,
+                max_rollback_tokens=max_rollback_tokens,
+            )
+        else:
+            info = compiled.tokenizer
+            self._engine = LlgState(compiled.llg_template.deep_copy(), info.llg_tokenizer(), info.eos_token_ids)
         self.num_accepted = 0
 
     def fill_next_token_bitmask(
@@ -65,11 +73,11 @@ class Matcher:
         """
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
-        return bool(self._xgr.fill_next_token_bitmask(bitmask, index))
+        return bool(self._engine.fill_next_token_bitmask(bitmask, index))
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it."""
-        accepted = bool(self._xgr.accept_token(int(token_id)))
+        accepted = bool(self._engine.accept_token(int(token_id)))
         self.num_accepted += accepted
         return accepted
 
@@ -82,22 +90,22 @@ class Matcher:
 
     def accept_string(self, text: str) -> bool:
         """Advance by raw text (for forced text); ``False`` (state unchanged) if rejected."""
-        return bool(self._xgr.accept_string(text))
+        return bool(self._engine.accept_string(text))
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
         if num_tokens < 0 or num_tokens > self.num_accepted:
             raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
-        self._xgr.rollback(num_tokens)
+        self._engine.rollback(num_tokens)
         self.num_accepted -= num_tokens
 
     def is_terminated(self) -> bool:
         """True once an EOS token was accepted."""
-        return bool(self._xgr.is_terminated())
+        return bool(self._engine.is_terminated())
 
     def is_completed(self) -> bool:
         """True when the text so far is a complete match (EOS would be accepted now)."""
-        return bool(self._xgr.is_completed())
+        return bool(self._engine.is_completed())
 
     def can_continue(self) -> bool:
         """Whether any token besides EOS is allowed now (a complete ``12`` may still become ``123``).
@@ -105,7 +113,7 @@ class Matcher:
         Does not change the matcher state.
         """
         bitmask = allocate_token_bitmask(1, self.compiled.vocab_size)
-        self._xgr.fill_next_token_bitmask(bitmask, 0)
+        self._engine.fill_next_token_bitmask(bitmask, 0)
         words = bitmask[0]  # [ceil(V / 32)] int32
         for token in self.compiled.tokenizer.eos_token_ids:
             bit = 1 << (token % 32)
@@ -117,11 +125,11 @@ class Matcher:
 
         Does not change the matcher state.
         """
-        return str(self._xgr.find_jump_forward_string())
+        return str(self._engine.find_jump_forward_string())
 
     def reset(self) -> None:
         """Back to the initial state."""
-        self._xgr.reset()
+        self._engine.reset()
         self.num_accepted = 0
 
     def fork(self) -> Matcher:
@@ -129,7 +137,7 @@ class Matcher:
         twin = Matcher.__new__(Matcher)
         twin.compiled = self.compiled
         twin._max_rollback = self._max_rollback
-        twin._xgr = self._xgr.fork()
+        twin._engine = self._engine.fork()
         twin.num_accepted = self.num_accepted
         return twin
 
@@ -151,6 +159,10 @@ def fill_next_token_bitmasks(
         raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
     if indices is not None and len(indices) != len(matchers):
         raise ValueError(f"{len(indices)} indices for {len(matchers)} matchers")
-    _batch.batch_fill_next_token_bitmask(
-        [m._xgr for m in matchers], bitmask, list(indices) if indices is not None else None
-    )
+    rows = list(indices) if indices is not None else list(range(len(matchers)))
+    by_xgr = [(m._engine, row) for m, row in zip(matchers, rows, strict=True) if not isinstance(m._engine, LlgState)]
+    by_llg = [(m._engine, row) for m, row in zip(matchers, rows, strict=True) if isinstance(m._engine, LlgState)]
+    if by_xgr:
+        _batch.batch_fill_next_token_bitmask([m for m, _ in by_xgr], bitmask, [row for _, row in by_xgr])
+    if by_llg:
+        llg.fill_next_token_bitmasks([m for m, _ in by_llg], bitmask, [row for _, row in by_llg])

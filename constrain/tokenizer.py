@@ -6,7 +6,8 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import xgrammar as xgr
@@ -27,6 +28,26 @@ class TokenizerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     fingerprint: str  # sha256 of the vocabulary, the special ids and vocab_size
+    # llguidance's view of the same tokenizer (built in the background: ~1 s); None for slow tokenizers
+    llg_future: Future[Any] | None = field(default=None, repr=False)
+
+    def llg_tokenizer(self) -> Any:
+        """The ``llguidance.LLTokenizer`` (waits for its background build), or None if unavailable."""
+        if self.llg_future is None:
+            return None
+        try:
+            return self.llg_future.result()
+        except Exception:  # a tokenizer llguidance cannot read: the xgrammar engine alone serves it
+            return None
+
+
+_llg_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constrain-llg-tokenizer")
+
+
+def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Any:
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], TokenizerInfo]] = weakref.WeakKeyDictionary()
@@ -72,7 +93,10 @@ def tokenizer_info(
     for token, token_id in sorted(vocab.items(), key=lambda item: item[1]):
         digest.update(f"{token_id}\x00{token}\x01".encode("utf-8", "surrogatepass"))
     digest.update(repr((info.vocab_size, info.stop_token_ids, info.vocab_type)).encode())
-    result = TokenizerInfo(info, info.vocab_size, tuple(info.stop_token_ids), digest.hexdigest())
+    llg = None
+    if getattr(tokenizer, "is_fast", False):
+        llg = _llg_pool.submit(_llg_tokenizer, tokenizer, info.vocab_size, list(info.stop_token_ids))
+    result = TokenizerInfo(info, info.vocab_size, tuple(info.stop_token_ids), digest.hexdigest(), llg)
     with _LOCK:
         per_tokenizer[key] = result
     return result

@@ -81,6 +81,7 @@ def validate(compiled: CompiledConstraint, text: str) -> list[str]:
     if isinstance(constraint, Choice):
         return [] if text in constraint.options else [f"{text!r} is not one of the {len(constraint.options)} choices"]
     if isinstance(constraint, Grammar):
+        assert compiled.grammar is not None  # EBNF grammars are always xgrammar's
         matcher = xgr.GrammarMatcher(compiled.grammar, terminate_without_stop_token=True)
         if not matcher.accept_string(text) or not matcher.is_completed():
             return ["is not a complete sentence of the grammar"]

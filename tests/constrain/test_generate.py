@@ -43,6 +43,20 @@ def test_schema_result_is_valid_and_typed(tiny):
         assert r.usage.completion_tokens == len(r.token_ids) > 0
 
 
+def test_llguidance_engine_in_the_loop(tiny):
+    """A schema "auto" gives to llguidance, batched beside one xgrammar serves: both results valid."""
+    heavy = {"type": "object", "properties": {"bio": {"type": "string", "maxLength": 130}, "n": {"type": "integer"}},
+             "required": ["bio", "n"], "additionalProperties": False}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(heavy, property_order="schema"), tiny.tokenizer)
+    assert compiled.engine == "llguidance"
+    requests = [constrain.Request("Bio:", schema=heavy, max_tokens=200, sampling={"seed": 4}),
+                constrain.Request("JSON:", schema=SMALL, max_tokens=64, sampling={"seed": 5})]  # fmt: skip
+    results = generate(tiny, requests)
+    for r in results:
+        assert r.finish_reason == "stop" and r.valid, r
+    assert set(results[0].value) == {"bio", "n"} and set(results[1].value) == {"a", "b", "c"}
+
+
 def test_regex_choices_grammar_end_when_complete(tiny):
     r = generate(tiny, "Code:", regex=r"\d{3}", seed=1)
     assert len(r.text) == 3 and r.text.isdigit() and r.finish_reason == "stop" and r.value == r.text
@@ -137,3 +151,20 @@ def test_default_model_end_to_end():
     assert r.value["name"] == "Maria Lopez" and r.value["age"] == 42
     label = generate(handle, [{"role": "user", "content": "Is fire hot? Answer yes or no."}], choices=["yes", "no"])
     assert label.text in ("yes", "no") and label.valid
+
+
+def test_second_model_family_end_to_end():
+    """Gemma 3 270M (base, 262,144-token SentencePiece vocabulary): nothing assumes SmolLM2."""
+    handle = constrain.load_model("gemma3-270m")
+    assert handle.vocab_size >= 262_144 and handle.eos_token_ids
+    prompt = "Maria Lopez is 42 years old and lives in Madrid.\nThe same facts as JSON:"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+              "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"]}  # fmt: skip
+    r = generate(handle, prompt, schema=schema, max_tokens=40, temperature=0)
+    assert r.valid and r.finish_reason == "stop", r
+    assert {"name", "age"} <= set(r.value)  # an open object: the model may add keys
+    date = generate(handle, "Apollo 11 landed on the Moon on (YYYY-MM-DD):", regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}",
+                    temperature=0)  # fmt: skip
+    assert date.valid and len(date.text) == 10
+    events = list(stream(handle, "Is fire hot? Answer:", choices=["yes", "no"], temperature=0))
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text in ("yes", "no")

@@ -1,0 +1,151 @@
+"""The two grammar engines: llguidance behind the same matcher API as xgrammar, and ``engine="auto"``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import constrain
+from constrain.testing import accepts, allowed_ids, token_ids, walk
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}, "maxItems": 2},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+TEXTS = [
+    ('{"name": "Al", "age": 7}', True),
+    ('{"name":"Zoë 😀","age":150,"tags":["a",3]}', True),
+    ('{"name": "Al", "age": 7, "tags": []}', True),
+    ('{"name": "Al", "age": -1}', False),
+    ('{"name": "Al", "age": 7, "tags": ["c"]}', False),
+    ('{"name": "Al", "age": 7, "tags": ["a", "b", 3]}', False),
+    ('{"name": "Al", "age": 7, "x": 1}', False),
+    ('{"name": "a very long name", "age": 7}', False),
+    ('{"name": "Al"}', False),
+    ('{"name": "Al",  "age": 7}', False),  # two spaces: whitespace is bounded to one
+    ('{"name": "a\\tb\\u00e9", "age": 1}', True),  # escapes in a length-bounded string
+    ('{"name": "a\tb", "age": 1}', False),  # a raw control character is not JSON
+]
+
+
+@pytest.mark.parametrize(("text", "valid"), TEXTS)
+def test_both_engines_enforce_the_same_language(smol_tokenizer, text, valid):
+    c = constrain.json_schema(PERSON, property_order="schema")
+    for engine in ("xgrammar", "llguidance"):
+        compiled = constrain.compile(c, smol_tokenizer, engine=engine)
+        assert compiled.engine == engine
+        assert accepts(compiled, smol_tokenizer, text) == valid, engine
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [(r"[0-9]{3}-[0-9]{4}", "555-1234"), (r"(yes|no)!?", "no!"), (r"[a-z]+@[a-z]+\.(com|org)", "ab@cd.org")],
+)
+def test_regex_masks_are_identical_across_engines(smol_tokenizer, pattern, text):
+    r"""Token by token along a valid text, both engines allow exactly the same tokens.
+
+    (Not for ``\d``: llguidance reads it as any Unicode digit, as Python does; xgrammar as ``[0-9]``.)
+    """
+    matchers = [constrain.compile(constrain.regex(pattern), smol_tokenizer, engine=e).matcher() for e in ENGINES]
+    vocab = matchers[0].compiled.vocab_size
+    for token in [*token_ids(smol_tokenizer, text), None]:
+        masks = []
+        for m in matchers:
+            bitmask = constrain.allocate_token_bitmask(1, vocab)
+            m.fill_next_token_bitmask(bitmask)
+            masks.append(allowed_ids(bitmask[0], vocab))
+        assert masks[0] == masks[1]
+        if token is not None:
+            assert all(m.accept_token(token) for m in matchers)
+
+
+ENGINES = ("xgrammar", "llguidance")
+
+
+def test_llguidance_matcher_semantics(smol_tokenizer):
+    """Rejection leaves the state unchanged; EOS terminates; rollback, fork, reset and forced text."""
+    compiled = constrain.compile(
+        constrain.json_schema(PERSON, whitespace="compact", property_order="schema"),
+        smol_tokenizer,
+        engine="llguidance",
+    )
+    m = compiled.matcher()
+    assert m.forced_text() == '{"name":"'
+    assert not m.accept_token(token_ids(smol_tokenizer, "[")[0])  # False, and no error state
+    ids = token_ids(smol_tokenizer, '{"name":"Al","age":7}')
+    ok, m = walk(compiled, ids)
+    assert ok and m.is_completed() and not m.is_terminated()
+    assert not m.accept_token(token_ids(smol_tokenizer, "x")[0])
+    twin = m.fork()
+    eos = compiled.tokenizer.eos_token_ids[0]
+    assert m.accept_token(eos) and m.is_terminated()
+    assert not m.accept_token(eos) and not twin.is_terminated()
+    m.rollback(1)
+    assert not m.is_terminated() and m.is_completed()
+    m.rollback(3)
+    assert not m.is_completed() and m.accept_tokens(ids[-3:]) == 3 and m.is_completed()
+    m.reset()
+    assert m.num_accepted == 0 and m.forced_text() == '{"name":"'
+    early = compiled.matcher()
+    assert not early.accept_token(eos)  # EOS before the grammar can end: rejected, state kept
+    assert early.accept_string('{"name":"')
+
+
+def test_batched_fill_mixes_engines(smol_tokenizer):
+    c = constrain.json_schema(PERSON, property_order="schema")
+    matchers = [constrain.compile(c, smol_tokenizer, engine=e).matcher() for e in (*ENGINES, *ENGINES)]
+    for m, prefix in zip(matchers, ["", "", '{"name": "A', '{"name": "A'], strict=True):
+        assert m.accept_string(prefix) or not prefix
+    vocab = matchers[0].compiled.vocab_size
+    batched = constrain.allocate_token_bitmask(5, vocab)
+    rows = [4, 0, 3, 1]
+    constrain.fill_next_token_bitmasks(matchers, batched, indices=rows)
+    for m, row in zip(matchers, rows, strict=True):
+        single = constrain.allocate_token_bitmask(1, vocab)
+        m.fill_next_token_bitmask(single)
+        assert torch.equal(batched[row], single[0])
+    assert (batched[2] == -1).all()
+
+
+def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_tokenizer):
+    light = constrain.json_schema(PERSON)
+    heavy = constrain.json_schema({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 1024}}})
+    assert constrain.compile(light, smol_tokenizer).engine == "xgrammar"
+    compiled = constrain.compile(heavy, smol_tokenizer)
+    assert compiled.engine == "llguidance"
+    assert constrain.compile(heavy, smol_tokenizer) is compiled  # deterministic, and cached
+    assert accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 512 + '"}')
+    assert not accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 513 + '"}')
+    # a repetition bound over 128, which xgrammar cannot compile at all
+    wide = constrain.compile(constrain.regex("[a-z]{1,129}"), smol_tokenizer)
+    assert wide.engine == "llguidance" and accepts(wide, smol_tokenizer, "a" * 129)
+    assert not accepts(wide, smol_tokenizer, "a" * 130)
+
+
+def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
+    schema = {
+        "type": "object",
+        "properties": {"u": {"type": "string", "format": "uri-reference"}, "bio": {"type": "string", "maxLength": 500}},
+    }
+    with pytest.raises(constrain.CompileError, match="uri-reference"):
+        constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine="llguidance")
+    assert constrain.compile(constrain.json_schema(schema), smol_tokenizer).engine == "xgrammar"
+
+
+def test_engine_name_is_checked(smol_tokenizer):
+    with pytest.raises(ValueError, match="engine must be one of"):
+        constrain.compile(constrain.regex("a"), smol_tokenizer, engine="outlines")
+    with pytest.raises(constrain.CompileError, match="JSON schemas and regexes"):
+        constrain.compile(constrain.choice(["a"]), smol_tokenizer, engine="llguidance")
+
+
+def test_gemma_sentencepiece_vocabulary(gemma_tokenizer):
+    compiled = constrain.compile(constrain.json_schema(PERSON), gemma_tokenizer, engine="llguidance")
+    for text, valid in TEXTS[:4]:
+        assert accepts(compiled, gemma_tokenizer, text) == valid
