@@ -20,6 +20,7 @@ from constrain.constraints import (
 )
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.errors import (
+    BudgetError,
     CompileError,
     ConstraintError,
     GrammarError,
@@ -37,6 +38,7 @@ from constrain.tokenizer import TokenizerInfo, tokenizer_info
 from sampler import SamplingParams, sample
 
 __all__ = [
+    "BudgetError",
     "Choice",
     "CompileError",
     "CompiledConstraint",

@@ -154,9 +154,10 @@ _EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
 
 
 _CHARACTERS_RULE = re.compile(r'^(\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
-_JSON_CHARACTER = r'(([^\"\\\0-\x1f]) | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
-"""xgrammar spells one character of a string with a length bound as ``[^"\\\r\n]``: that lets raw
-control characters through (invalid JSON) and keeps escapes out. This rule is JSON's character."""
+_JSON_CHARACTER = r"(([^\"\\\0-\x1f]))"
+"""xgrammar spells one character of a string with a length bound as ``[^"\\\r\n]``, which lets raw
+control characters through (invalid JSON): this is JSON's unescaped character. (Escapes stay out: an
+alternation here makes xgrammar's masks 300x slower, 14 ms instead of 49 µs, measured.)"""
 
 
 def _open_extra_keys(ebnf: str) -> str | None:

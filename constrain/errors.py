@@ -7,6 +7,7 @@ each names its culprit (a JSON pointer, a regex position, a grammar line and col
 from __future__ import annotations
 
 __all__ = [
+    "BudgetError",
     "CompileError",
     "ConstraintError",
     "GrammarError",
@@ -66,3 +67,7 @@ class GrammarError(ConstraintError, ValueError):
 
 class CompileError(ConstraintError):
     """The grammar engine could not compile the constraint (or ran past the time budget)."""
+
+
+class BudgetError(ConstraintError, ValueError):
+    """No output the constraint accepts fits in ``max_tokens``: raised before generating."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from constrain.closing import Budget, RepetitionGuard
 from constrain.compiler import CompiledConstraint, compile
 from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
 from constrain.detokenizer import IncrementalDetokenizer
@@ -83,7 +84,12 @@ class _Request:
     eos: frozenset[int]
     context_limit: int
     on_event: Callable[[StreamEvent], None] | None = None
+    encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
+    repetition_guard: bool = False
     matcher: Matcher | None = None
+    budget: Budget | None = None
+    guard: RepetitionGuard | None = None
+    generated: str = ""  # all text so far, before stop strings hold any back
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
@@ -93,8 +99,13 @@ class _Request:
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.compiled is not None:
-            self.matcher = self.compiled.matcher()
+        if self.compiled is None:
+            return
+        self.matcher = self.compiled.matcher()
+        if self.encode is not None:
+            self.budget = Budget(self.matcher, self.encode, self.max_tokens)  # BudgetError: fails up front
+        if self.repetition_guard:
+            self.guard = RepetitionGuard(self.compiled.tokenizer)
 
     def _emit(self, text: str, token_ids: list[int]) -> None:
         self.text += text
@@ -121,11 +132,19 @@ class _Request:
         if token in self.eos:
             self.finish("stop")
             return True
+        if self.budget is not None:
+            vetted = self.budget.vet(token, self.max_tokens - len(self.output_ids))
+            if vetted is None:  # complete, and only ending keeps it within the budget
+                self.finish("length")
+                return True
+            token = vetted
         if self.matcher is not None and not self.matcher.accept_token(token):
             self.finish("error", f"the grammar rejected token {token}")
             return True
         self.output_ids.append(token)
-        update = self.stop.feed(self.detok.add(token))
+        piece = self.detok.add(token)
+        self.generated += piece
+        update = self.stop.feed(piece)
         self._emit(update.text, [token])
         if update.stopped:
             self.stop_hit = True
@@ -146,6 +165,9 @@ class _Request:
 
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None
+        forced = self.budget.forced if self.budget is not None else 0
+        if forced:  # the closing path ended it: complete, but cut short by the budget
+            self.finish_reason = "length"
         violations, value = _check(self.compiled, self.text)
         if self.finish_reason == "error" and not violations:
             violations = [self.error or "generation failed"]
@@ -160,6 +182,9 @@ class _Request:
             logprobs=self.logprobs if asked else None,
             top_logprobs=self.top_logprobs if asked and self.params.logprobs else None,
             error=self.error,
+            closed_early=forced > 0,
+            forced_tokens=forced,
+            guard_steps=self.guard.steps if self.guard is not None else 0,
         )
 
 
@@ -248,6 +273,10 @@ def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float
                 if rows:
                     bitmask = allocate_token_bitmask(len(rows), vocab)
                     fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
+                    for k, i in enumerate(rows):
+                        guard = active[i].guard
+                        if guard is not None:
+                            guard.apply(active[i].generated, bitmask[k])
                     bitmask = bitmask.to(device)
             with clock("sampler"):
                 sampled = _sample(sampler, active, logits, vocab, device, bitmask, rows)
@@ -309,6 +338,8 @@ class Request:
     stop: Sequence[str] | str | None = None
     stop_regex: Sequence[str] | str | None = None
     n: int = 1
+    close_in_budget: bool = True
+    repetition_guard: bool | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
@@ -326,6 +357,10 @@ def _expand(handle: ModelHandle, spec: Request) -> list[_Request]:
             constraint, handle.tokenizer, vocab_size=handle.vocab_size, eos_token_ids=list(handle.eos_token_ids)
         )
     limit = int(getattr(handle.model.config, "max_position_embeddings", 1 << 30))
+
+    def encode(text: str) -> list[int]:
+        return list(handle.tokenizer.encode(text, add_special_tokens=False))
+
     ids = _prompt_ids(handle, spec.prompt)
     out = []
     for k in range(spec.n):
@@ -342,6 +377,8 @@ def _expand(handle: ModelHandle, spec: Request) -> list[_Request]:
                 detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
                 eos=frozenset(handle.eos_token_ids),
                 context_limit=limit,
+                encode=encode if spec.close_in_budget else None,
+                repetition_guard=spec.repetition_guard if spec.repetition_guard is not None else compiled is not None,
             )
         )
     return out
@@ -374,6 +411,8 @@ def generate(
     stop: Sequence[str] | str | None = None,
     stop_regex: Sequence[str] | str | None = None,
     n: int = 1,
+    close_in_budget: bool = True,
+    repetition_guard: bool | None = None,
     **sampling: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
@@ -386,6 +425,12 @@ def generate(
     stop, stop_regex : stop strings / regexes (cut from the text, with what follows)
     n : int, default: 1
         Completions per prompt (seeded requests use seed, seed + 1, ...).
+    close_in_budget : bool, default: True
+        Constrained output ends complete and valid within ``max_tokens``: near the end, a token
+        after which no completion fits is replaced by the closing path (``closed_early``,
+        ``finish_reason="length"``); :class:`BudgetError` up front when nothing fits at all.
+    repetition_guard : bool or None, default: None (on when constrained)
+        Forbid the separator after a JSON item repeated 3 times in a row (``guard_steps``).
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
     Returns
@@ -401,7 +446,8 @@ def generate(
     handle = _handle(model)
     template = dict(
         schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
-        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, sampling=sampling,
+        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, close_in_budget=close_in_budget,
+        repetition_guard=repetition_guard, sampling=sampling,
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
@@ -423,6 +469,8 @@ def stream(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     stop: Sequence[str] | str | None = None,
     stop_regex: Sequence[str] | str | None = None,
+    close_in_budget: bool = True,
+    repetition_guard: bool | None = None,
     **sampling: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
@@ -431,7 +479,8 @@ def stream(
     handle = _handle(model)
     template = dict(
         schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
-        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, sampling=sampling,
+        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, close_in_budget=close_in_budget,
+        repetition_guard=repetition_guard, sampling=sampling,
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     if not single or specs[0].n != 1:

@@ -42,6 +42,9 @@ class GenerationResult:
     logprobs: list[float] | None = None  # the sampled tokens' logprobs, when asked
     top_logprobs: list[dict[int, float]] | None = None  # per token: id -> logprob, when asked
     error: str | None = None  # why finish_reason is "error"
+    closed_early: bool = False  # the budget's closing path ended it (finish_reason "length"; still valid)
+    forced_tokens: int = 0  # tokens the closing path took instead of the sampled ones
+    guard_steps: int = 0  # steps at which the repetition guard forbade another repeat
 
     @property
     def valid(self) -> bool:

@@ -1,0 +1,181 @@
+"""Guaranteed termination: valid results within ``max_tokens``, constrain beside its peers, in one run.
+
+On the default model (SmolLM2-135M-Instruct), greedy and sampled (temperature 1, seeds 0..S-1), four
+schemas without bounds that make small models run on (an unbounded array, deep nesting, long
+string fields, a recursive tree), each with a small and a large ``max_tokens``. Engines:
+
+- ``constrain`` (closing in budget + repetition guard, the defaults), and ``constrain-plain``
+  (both off: what constrain did before, for the comparison);
+- transformers ``generate`` + xgrammar's logits processor;
+- transformers ``generate`` + llguidance (a logits processor over its matcher);
+- Outlines (``outlines.Generator`` on the same transformers model), when installed.
+
+Prints, per engine, the valid share (parses and validates against the schema) and the tokens used;
+per workload in detail with ``--detail``. ``--seeds S`` sampled runs per workload (default 2).
+
+Usage: ``python bench/termination.py [--seeds 2] [--engines constrain,xgrammar,...] [--detail]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import jsonschema  # noqa: E402
+import torch  # noqa: E402
+
+import constrain  # noqa: E402
+
+WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
+    "unbounded array": (
+        "Describe a person named John Doe as JSON with a name and tags.",
+        {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+         "items": {"type": "string"}}}, "required": ["name", "tags"], "additionalProperties": False},
+    ),
+    "deep nesting": (
+        "Give a company with departments, each with teams of people, as JSON.",
+        {"type": "object", "properties": {"company": {"type": "object", "properties": {"departments": {"type": "array",
+         "items": {"type": "object", "properties": {"name": {"type": "string"}, "teams": {"type": "array", "items": {
+         "type": "object", "properties": {"lead": {"type": "string"}, "members": {"type": "array", "items": {
+         "type": "string"}}}, "required": ["lead", "members"], "additionalProperties": False}}},
+         "required": ["name", "teams"], "additionalProperties": False}}}, "required": ["departments"],
+         "additionalProperties": False}}, "required": ["company"], "additionalProperties": False},
+    ),
+    "long strings": (
+        "Write a detailed biography of Ada Lovelace as JSON with a summary and a long biography.",
+        {"type": "object", "properties": {"summary": {"type": "string"}, "biography": {"type": "string"}},
+         "required": ["summary", "biography"], "additionalProperties": False},
+    ),
+    "recursive tree": (
+        "Give the file tree of a Python project as JSON: each node has a name and children.",
+        {"$defs": {"node": {"type": "object", "properties": {"name": {"type": "string"}, "children": {"type": "array",
+         "items": {"$ref": "#/$defs/node"}}}, "required": ["name", "children"], "additionalProperties": False}},
+         "$ref": "#/$defs/node"},
+    ),
+}  # fmt: skip
+LIMITS = (48, 192)
+
+
+class _Llguidance:
+    """A transformers logits processor over an llguidance matcher (one sequence)."""
+
+    def __init__(self, tokenizer: Any, schema: dict[str, Any], vocab: int) -> None:
+        import llguidance
+        import llguidance.hf
+
+        lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
+        self.matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(schema))
+        self.mask = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
+        self.start: int | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        elif input_ids.shape[1] > self.start:
+            self.matcher.consume_token(int(input_ids[0, -1]))
+        self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
+        from sampler.ops.bitmask import apply_token_bitmask_inplace
+
+        apply_token_bitmask_inplace(scores, self.mask)
+        return scores
+
+
+def run_peer(engine: str, handle: constrain.ModelHandle, prompt: str, schema: dict[str, Any], limit: int,
+             seed: int | None) -> tuple[str, int]:  # fmt: skip
+    """(text, tokens) from a peer on the same model."""
+    tokenizer, model = handle.tokenizer, handle.model
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)  # fmt: skip
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    sampling: dict[str, Any] = {"do_sample": False} if seed is None else {"do_sample": True, "temperature": 1.0}
+    if seed is not None:
+        torch.manual_seed(seed)
+    if engine == "outlines":
+        import outlines
+
+        generator = outlines.Generator(outlines.from_transformers(model, tokenizer), outlines.json_schema(schema))
+        out = generator(text, max_new_tokens=limit, **sampling)
+        return out, len(tokenizer.encode(out, add_special_tokens=False))
+    if engine == "xgrammar":
+        import xgrammar as xgr
+        import xgrammar.contrib.hf
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=handle.vocab_size)
+        grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema))
+        processor: Any = xgrammar.contrib.hf.LogitsProcessor(grammar)
+    else:
+        processor = _Llguidance(tokenizer, schema, handle.vocab_size)
+    out_ids = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=limit, logits_processor=[processor],
+        pad_token_id=handle.eos_token_ids[0], **sampling,
+    )  # fmt: skip
+    new = [t for t in out_ids[0, ids.shape[1] :].tolist() if t not in handle.eos_token_ids]
+    return tokenizer.decode(new), len(new)
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=2, help="sampled runs per workload and limit")
+    parser.add_argument("--engines", default="constrain,constrain-plain,xgrammar,llguidance,outlines")
+    parser.add_argument("--detail", action="store_true", help="also print every workload")
+    args = parser.parse_args()
+    from tqdm import tqdm
+
+    engines = args.engines.split(",")
+    if "outlines" in engines:
+        try:
+            import outlines  # noqa: F401
+        except ImportError:
+            print("Outlines is not installed (pip install outlines): skipped\n")
+            engines.remove("outlines")
+    handle = constrain.load_model()
+    runs = [(w, limit, seed) for w in WORKLOADS for limit in LIMITS for seed in [None, *range(args.seeds)]]
+    rows: dict[str, list[tuple[str, int, bool, int, int, float]]] = defaultdict(list)
+    for engine in engines:
+        for workload, limit, seed in tqdm(runs, desc=engine, file=sys.stderr):
+            prompt, schema = WORKLOADS[workload]
+            start = time.perf_counter()
+            forced = 0
+            if engine.startswith("constrain"):
+                plain = engine == "constrain-plain"
+                sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+                r = constrain.generate(handle, [{"role": "user", "content": prompt}], schema=schema, max_tokens=limit,
+                                       close_in_budget=not plain, repetition_guard=not plain, **sampling)  # fmt: skip
+                text, used, forced = r.text, len(r.token_ids), r.forced_tokens + r.guard_steps
+            else:
+                text, used = run_peer(engine, handle, prompt, schema, limit, seed)
+            rows[engine].append((workload, limit, valid(text, schema), used, forced, time.perf_counter() - start))
+    print(f"model {handle.name}; {len(runs)} runs per engine: {len(WORKLOADS)} schemas x max_tokens {LIMITS} x "
+          f"(greedy + {args.seeds} seeds at temperature 1)\n")  # fmt: skip
+    print("| engine | valid | valid at max_tokens 48 | valid at 192 | mean tokens | forced + guarded steps | s |")
+    print("|---|---|---|---|---|---|---|")
+    for engine, results in rows.items():
+        by_limit = {limit: [r for r in results if r[1] == limit] for limit in LIMITS}
+        cells = [f"{sum(r[2] for r in rs)}/{len(rs)}" for rs in by_limit.values()]
+        print(f"| {engine} | {sum(r[2] for r in results)}/{len(results)} | {' | '.join(cells)} "
+              f"| {sum(r[3] for r in results) / len(results):.0f} | {sum(r[4] for r in results)} "
+              f"| {sum(r[5] for r in results):.0f} |")  # fmt: skip
+    if args.detail:
+        print("\n| engine | workload | max_tokens | valid | tokens |\n|---|---|---|---|---|")
+        for engine, results in rows.items():
+            for workload, limit, ok, used, _, _ in results:
+                print(f"| {engine} | {workload} | {limit} | {ok} | {used} |")
+
+
+if __name__ == "__main__":
+    main()
