@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench maskbench conformance
+.PHONY: demo test lint bench maskbench conformance termination
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/sampler.py
+	$(PY) bench/generate.py
+
+termination: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/termination.py --seeds 2
 
 conformance: $(VENV)/.installed
 	$(PY) bench/conformance.py

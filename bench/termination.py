@@ -32,34 +32,8 @@ import jsonschema  # noqa: E402
 import torch  # noqa: E402
 
 import constrain  # noqa: E402
+from constrain.testing import TERMINATION_WORKLOADS as WORKLOADS  # noqa: E402
 
-WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
-    "unbounded array": (
-        "Describe a person named John Doe as JSON with a name and tags.",
-        {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
-         "items": {"type": "string"}}}, "required": ["name", "tags"], "additionalProperties": False},
-    ),
-    "deep nesting": (
-        "Give a company with departments, each with teams of people, as JSON.",
-        {"type": "object", "properties": {"company": {"type": "object", "properties": {"departments": {"type": "array",
-         "items": {"type": "object", "properties": {"name": {"type": "string"}, "teams": {"type": "array", "items": {
-         "type": "object", "properties": {"lead": {"type": "string"}, "members": {"type": "array", "items": {
-         "type": "string"}}}, "required": ["lead", "members"], "additionalProperties": False}}},
-         "required": ["name", "teams"], "additionalProperties": False}}}, "required": ["departments"],
-         "additionalProperties": False}}, "required": ["company"], "additionalProperties": False},
-    ),
-    "long strings": (
-        "Write a detailed biography of Ada Lovelace as JSON with a summary and a long biography.",
-        {"type": "object", "properties": {"summary": {"type": "string"}, "biography": {"type": "string"}},
-         "required": ["summary", "biography"], "additionalProperties": False},
-    ),
-    "recursive tree": (
-        "Give the file tree of a Python project as JSON: each node has a name and children.",
-        {"$defs": {"node": {"type": "object", "properties": {"name": {"type": "string"}, "children": {"type": "array",
-         "items": {"$ref": "#/$defs/node"}}}, "required": ["name", "children"], "additionalProperties": False}},
-         "$ref": "#/$defs/node"},
-    ),
-}  # fmt: skip
 LIMITS = (48, 192)
 
 

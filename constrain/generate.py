@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -32,6 +33,8 @@ from sampler import Sampler, SamplingMetadata, SamplingParams
 __all__ = ["Request", "agenerate", "astream", "generate", "stream"]
 
 DEFAULT_MAX_TOKENS = 256
+GUARD_WINDOW = 4096
+"""Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
 """``max_tokens`` when none is given."""
 
 Prompt = str | Sequence[dict[str, str]]
@@ -89,7 +92,7 @@ class _Request:
     matcher: Matcher | None = None
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
-    generated: str = ""  # all text so far, before stop strings hold any back
+    generated: str = ""  # the last GUARD_WINDOW characters, before stop strings hold any back
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
@@ -137,13 +140,15 @@ class _Request:
             if vetted is None:  # complete, and only ending keeps it within the budget
                 self.finish("length")
                 return True
+            if vetted != token and self.params.logprobs is not None and self.logprobs:
+                self.logprobs[-1] = math.nan  # the sampler's logprob was for the token it drew
             token = vetted
         if self.matcher is not None and not self.matcher.accept_token(token):
             self.finish("error", f"the grammar rejected token {token}")
             return True
         self.output_ids.append(token)
         piece = self.detok.add(token)
-        self.generated += piece
+        self.generated = (self.generated + piece)[-GUARD_WINDOW:]
         update = self.stop.feed(piece)
         self._emit(update.text, [token])
         if update.stopped:

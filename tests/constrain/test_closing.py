@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import deque
 
+import jsonschema
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -12,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import constrain
 from constrain.closing import RepetitionGuard, completion
 from constrain.generate import generate
-from constrain.testing import allowed_ids
+from constrain.testing import TERMINATION_WORKLOADS, allowed_ids
 
 ALPHABET = '{}[]",:0123ab-.tn '
 
@@ -193,6 +194,18 @@ def test_repetition_guard_detects_repeated_items(smol_tokenizer):
     assert guard.apply(text[:-1], row[0])
     allowed = allowed_ids(row[0], compiled.vocab_size)
     assert quote in allowed and fused not in allowed
+
+
+@pytest.mark.parametrize("workload", TERMINATION_WORKLOADS)
+def test_default_model_ends_every_workload_valid(workload):
+    """The issue's workloads on the real model, greedy and sampled, small and large budgets: all valid."""
+    handle = constrain.load_model()
+    prompt, schema = TERMINATION_WORKLOADS[workload]
+    messages = [{"role": "user", "content": prompt}]
+    for max_tokens, sampling in ((40, {"temperature": 0}), (160, {"temperature": 1.0, "seed": 0})):
+        r = generate(handle, messages, schema=schema, max_tokens=max_tokens, **sampling)
+        assert r.valid and len(r.token_ids) <= max_tokens, (max_tokens, r.text)
+        jsonschema.validate(json.loads(r.text), schema)
 
 
 def test_default_model_does_not_loop_on_an_unbounded_array():
