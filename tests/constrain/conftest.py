@@ -59,3 +59,16 @@ def sp_tokenizer(tmp_path_factory: pytest.TempPathFactory):
         character_coverage=1.0, model_type="bpe", minloglevel=2,
     )  # fmt: skip
     return LlamaTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    """A random-weight 2-layer Llama with SmolLM2's tokenizer: loop mechanics in milliseconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         eos_token_id=2)  # fmt: skip
+    return constrain.load_model((LlamaForCausalLM(config), smol_tokenizer))

@@ -7,8 +7,6 @@ from collections import deque
 
 import jsonschema
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
 from constrain.closing import RepetitionGuard, completion
@@ -104,15 +102,6 @@ def test_real_tokenization_is_no_longer_than_characters(smol_tokenizer):
     assert found is not None and len(found) <= len(smol_tokenizer.decode(found))
     probe = m.fork()
     assert probe.accept_tokens(found) == len(found) and probe.is_completed()
-
-
-@pytest.fixture(scope="module")
-def tiny(smol_tokenizer):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         eos_token_id=2)  # fmt: skip
-    return constrain.load_model((LlamaForCausalLM(config), smol_tokenizer))
 
 
 UNBOUNDED = {

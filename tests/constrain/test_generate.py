@@ -7,8 +7,6 @@ import asyncio
 import json
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
 from constrain.generate import agenerate, astream, generate, stream
@@ -24,15 +22,6 @@ SMALL = {
     "required": ["a", "b", "c"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tiny(smol_tokenizer):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=2)  # fmt: skip
-    return constrain.load_model((LlamaForCausalLM(config), smol_tokenizer))
 
 
 def test_schema_result_is_valid_and_typed(tiny):
