@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,10 +246,43 @@ class _Clock:
             self.totals[self._stage] = self.totals.get(self._stage, 0.0) + time.perf_counter() - self._start
 
 
-def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float] | None = None) -> None:
-    """Decode every request to its end, as one batch; ``timings`` collects seconds per stage."""
+_mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constrain-masks")
+
+
+def _masks(
+    active: list[_Request], vocab: int
+) -> tuple[list[int], torch.Tensor | None]:  # (constrained rows, [c, ceil(V / 32)] int32 on the CPU)
+    """The next-token bitmasks of the constrained rows, repetition guard applied. Changes no matcher."""
+    rows = [i for i, r in enumerate(active) if r.matcher is not None]
+    if not rows:
+        return rows, None
+    bitmask = allocate_token_bitmask(len(rows), vocab)
+    fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
+    for k, i in enumerate(rows):
+        guard = active[i].guard
+        if guard is not None:
+            guard.apply(active[i].generated, bitmask[k])
+    return rows, bitmask
+
+
+def _run(
+    handle: ModelHandle,
+    requests: list[_Request],
+    timings: dict[str, float] | None = None,
+    *,
+    overlap: bool | None = None,
+) -> None:
+    """Decode every request to its end, as one batch; ``timings`` collects seconds per stage.
+
+    ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
+    llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
+    the model is not on the CPU; on the CPU the thread competes with the forward for the same cores
+    (measured with SmolLM2 on 2 cores, batch 8: the mask wait fell from 0.65 to 0.02 ms a step and the
+    forward rose by 1.6 ms).
+    """
     clock = _Clock(timings)
     model, device = handle.model, next(handle.model.parameters()).device
+    overlap = device.type != "cpu" if overlap is None else overlap
     vocab = handle.vocab_size
     pad = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
     sampler = Sampler()
@@ -258,10 +292,12 @@ def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float
     mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in active], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]: left padding must not shift positions
     cache = None
-    # the prompt's logits are not needed past its last position ([B, T, V] would dominate the prefill)
+    # the prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
         while active:
+            # the masks depend only on the tokens so far: fill them beside the forward pass
+            pending = _mask_pool.submit(_masks, active, vocab) if overlap else None
             with clock("forward"):
                 out = model(
                     input_ids=input_ids,
@@ -269,19 +305,12 @@ def _run(handle: ModelHandle, requests: list[_Request], timings: dict[str, float
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
-                    **last_only,
+                    **(last_only if cache is None else {}),  # decode steps: slicing 1 of 1 made them slower
                 )
                 cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
-            with clock("mask"):
-                rows = [i for i, r in enumerate(active) if r.matcher is not None]
-                bitmask = None
-                if rows:
-                    bitmask = allocate_token_bitmask(len(rows), vocab)
-                    fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
-                    for k, i in enumerate(rows):
-                        guard = active[i].guard
-                        if guard is not None:
-                            guard.apply(active[i].generated, bitmask[k])
+            with clock("mask"):  # with overlap: what is left of the fill once the forward is done
+                rows, bitmask = pending.result() if pending is not None else _masks(active, vocab)
+                if bitmask is not None:
                     bitmask = bitmask.to(device)
             with clock("sampler"):
                 sampled = _sample(sampler, active, logits, vocab, device, bitmask, rows)

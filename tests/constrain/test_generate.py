@@ -4,6 +4,7 @@ the default model (a few)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 
 import pytest
@@ -157,3 +158,17 @@ def test_second_model_family_end_to_end():
     assert date.valid and len(date.text) == 10
     events = list(stream(handle, "Is fire hot? Answer:", choices=["yes", "no"], temperature=0))
     assert "".join(e.delta for e in events[:-1]) == events[-1].text in ("yes", "no")
+
+
+def test_masks_filled_beside_the_forward_change_nothing(tiny):
+    """The overlapped mask fill (the default) gives the same tokens as filling after the forward."""
+    gen = importlib.import_module("constrain.generate")
+    specs = [constrain.Request("JSON:", schema=SMALL, max_tokens=40, sampling={"seed": 7}),
+             constrain.Request("Code:", regex=r"\d{3}-\d{4}", sampling={"temperature": 0}),
+             constrain.Request("Free:", max_tokens=12, sampling={"seed": 8})]  # fmt: skip
+    outputs = []
+    for overlap in (True, False):
+        requests = [r for spec in specs for r in gen._expand(tiny, spec)]
+        gen._run(tiny, requests, overlap=overlap)
+        outputs.append([r.output_ids for r in requests])
+    assert outputs[0] == outputs[1] and all(outputs[0])
