@@ -1,14 +1,14 @@
 """Constrained vs unconstrained generation on the default model, side by side in one run.
 
-For batch 1 and batch 8: a JSON extraction constrained by a schema (default ``max_tokens``: the
-grammar ends it), the same with ``max_tokens`` set to its output length (so the budget that
-guarantees termination checks every step), the first again with the masks filled on a worker thread
-beside the forward pass (the default off the CPU), then unconstrained generation of the same number
-of tokens. Prints tokens/s,
-the ratio constrained / unconstrained, batch 8 / batch 1, and the per-step split (forward, mask fill,
-sampler, stop checks + detokenizer) in ms per step.
+For batch 1 and batch 8, greedy: a JSON extraction constrained by a schema (default ``max_tokens``:
+the grammar ends it; jump-forward on, the default), the same without jump-forward, the same with the
+masks filled on a worker thread beside the forward pass (the default off the CPU), the same with
+``max_tokens`` set to its output length (so the termination budget checks every step), and
+unconstrained generation of the same number of tokens. Prints tokens/s, forward passes, the ratio
+constrained / unconstrained, batch 8 / batch 1, and the split (forward, mask fill, sampler, stop
+checks + detokenizer) in ms per forward pass.
 
-Usage: ``python bench/generate.py [--repeats 3]``
+Usage: ``python bench/generate.py [--repeats 5]``
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import importlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
@@ -41,15 +42,29 @@ STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse ke
 
 
 def run(
-    handle: constrain.ModelHandle, spec: constrain.Request, batch: int, overlap: bool | None = None
-) -> tuple[int, float, dict[str, float]]:
-    """(output tokens, seconds, per-stage seconds) of one batched generation."""
+    handle: constrain.ModelHandle,
+    spec: constrain.Request,
+    batch: int,
+    overlap: bool | None = None,
+    jump_forward: bool = True,
+) -> tuple[int, float, dict[str, float], int]:
+    """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation."""
     requests = [r for _ in range(batch) for r in gen._expand(handle, spec)]
     timings: dict[str, float] = {}
+    forward, calls = handle.model.forward, [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    handle.model.forward = counted
     start = time.perf_counter()
-    gen._run(handle, requests, timings, overlap=overlap)
+    try:
+        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward)
+    finally:
+        del handle.model.forward
     seconds = time.perf_counter() - start
-    return sum(len(r.output_ids) for r in requests), seconds, timings
+    return sum(len(r.output_ids) for r in requests), seconds, timings, calls[0]
 
 
 def main() -> None:
@@ -60,24 +75,25 @@ def main() -> None:
     base = constrain.generate(handle, PROMPT, schema=SCHEMA, temperature=0, max_tokens=120)
     length = len(base.token_ids)
     print(f"model {handle.name}, {torch_threads()} threads; constrained output: {length} tokens, {base.text!r}\n")
-    print("| run | batch | tokens | s | tokens/s | steps | forward ms/step | mask | sampler | stop+detok |")
+    print("| run | batch | tokens | s | tokens/s | forward passes | forward ms/pass | mask | sampler | stop+detok |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rates: dict[tuple[str, int], float] = {}
     specs = {
         "constrained": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
+        "constrained, no jump-forward": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
         "constrained, masks beside the forward": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
         "constrained, tight": constrain.Request(PROMPT, schema=SCHEMA, max_tokens=length, sampling={"temperature": 0}),
         "unconstrained": constrain.Request(STORY, max_tokens=length, sampling={"temperature": 0}),
     }
     for batch in (1, 8):
         # round robin, so that the machine's drifts touch every configuration alike
-        runs: dict[str, list[tuple[int, float, dict[str, float]]]] = {name: [] for name in specs}
+        runs: dict[str, list[tuple[int, float, dict[str, float], int]]] = {name: [] for name in specs}
         for _ in range(args.repeats):
             for name, spec in specs.items():
-                runs[name].append(run(handle, spec, batch, overlap=True if "beside" in name else None))
+                overlap, jump = (True if "beside" in name else None), "no jump" not in name
+                runs[name].append(run(handle, spec, batch, overlap=overlap, jump_forward=jump))
         for name in specs:
-            tokens, seconds, timings = sorted(runs[name], key=lambda r: r[1])[len(runs[name]) // 2]  # the median
-            steps = tokens / batch
+            tokens, seconds, timings, steps = sorted(runs[name], key=lambda r: r[1])[len(runs[name]) // 2]  # median
             split = {k: v / steps * 1e3 for k, v in timings.items()}
             rates[name, batch] = tokens / seconds
             print(

@@ -220,9 +220,7 @@ class Budget:
                 f"no valid output fits in max_tokens={max_tokens}: the shortest completion found "
                 + ("needs more" if plan is None else f"needs {len(plan)} tokens")
             )
-        self.needed = len(plan)
-        """Tokens the shortest completion found from the initial state needs."""
-        self.estimate = len(plan)
+        self.estimate = len(plan)  # tokens the closing path needs, as last computed
         self._steps = 0
         self._next: list[int] | None = plan  # the closing path from the matcher's current state
 

@@ -249,20 +249,54 @@ class _Clock:
 _mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constrain-masks")
 
 
+MAX_DRAFT = 16
+"""Jump-forward: at most this many forced tokens are verified in one forward pass."""
+
+
 def _masks(
-    active: list[_Request], vocab: int
-) -> tuple[list[int], torch.Tensor | None]:  # (constrained rows, [c, ceil(V / 32)] int32 on the CPU)
-    """The next-token bitmasks of the constrained rows, repetition guard applied. Changes no matcher."""
-    rows = [i for i, r in enumerate(active) if r.matcher is not None]
-    if not rows:
-        return rows, None
-    bitmask = allocate_token_bitmask(len(rows), vocab)
-    fill_next_token_bitmasks([active[i].matcher for i in rows], bitmask)  # type: ignore[misc]
-    for k, i in enumerate(rows):
-        guard = active[i].guard
-        if guard is not None:
-            guard.apply(active[i].generated, bitmask[k])
-    return rows, bitmask
+    active: list[_Request],
+    drafts: list[list[int]],
+    vocab: int,
+    decode: Callable[[list[int]], str],
+) -> tuple[list[int], torch.Tensor | None]:  # (constrained slots, [c, ceil(V / 32)] int32 on the CPU)
+    """The bitmasks of every constrained slot: slot ``(i, j)`` is row ``i`` after its first ``j`` drafts
+    (slots numbered row by row), repetition guard applied. Changes no matcher (drafts go to forks)."""
+    matchers: list[Matcher] = []
+    slots: list[int] = []
+    texts: list[tuple[_Request, str]] = []
+    slot = 0
+    for i, r in enumerate(active):
+        state = r.matcher
+        for j in range(len(drafts[i]) + 1):
+            if state is not None:
+                if j:
+                    state = state.fork()
+                    state.accept_token(drafts[i][j - 1])
+                matchers.append(state)
+                slots.append(slot)
+                texts.append((r, r.generated + decode(drafts[i][:j]) if j else r.generated))
+            slot += 1
+    if not slots:
+        return slots, None
+    bitmask = allocate_token_bitmask(len(slots), vocab)
+    fill_next_token_bitmasks(matchers, bitmask)
+    for k, (r, text) in enumerate(texts):
+        if r.guard is not None:
+            r.guard.apply(text, bitmask[k])
+    return slots, bitmask
+
+
+def _drafts(r: _Request, encode: Callable[[str], list[int]]) -> list[int]:
+    """Jump-forward drafts: the grammar's forced text after ``r``'s last token, as tokens it accepts."""
+    if r.matcher is None or r.finish_reason is not None:
+        return []
+    forced = r.matcher.forced_text()
+    room = min(MAX_DRAFT, r.max_tokens - len(r.output_ids) - 1)
+    if not forced or room <= 0:
+        return []
+    ids = encode(forced)[:room]
+    probe = r.matcher.fork()
+    return ids[: probe.accept_tokens(ids)]
 
 
 def _run(
@@ -271,8 +305,17 @@ def _run(
     timings: dict[str, float] | None = None,
     *,
     overlap: bool | None = None,
+    jump_forward: bool = True,
 ) -> None:
     """Decode every request to its end, as one batch; ``timings`` collects seconds per stage.
+
+    ``jump_forward``: after each token, the text the grammar forces next (``{"name": "``, a closing
+    quote) is tokenized and fed in the same forward pass as drafts; the sampler then runs at every
+    draft position exactly as plain decoding would (same masks, history and seeded draws), and a
+    draft counts only when the sampled token equals it. The output is therefore that of plain
+    decoding, token for token (up to the last bits of the logits, which differ between a one-token
+    and a many-token forward pass and could flip an exact tie), while one forward pass covers the
+    forced stretch. Rejected drafts stay in the KV cache, masked out of attention.
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -284,9 +327,18 @@ def _run(
     model, device = handle.model, next(handle.model.parameters()).device
     overlap = device.type != "cpu" if overlap is None else overlap
     vocab = handle.vocab_size
-    pad = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
+    tokenizer = handle.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids))
+
     sampler = Sampler()
     active = list(requests)
+    drafts: list[list[int]] = [[] for _ in active]
     width = max(len(r.prompt_ids) for r in active)
     input_ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in active], device=device)
     mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in active], device=device)
@@ -297,29 +349,52 @@ def _run(
     with torch.no_grad():
         while active:
             # the masks depend only on the tokens so far: fill them beside the forward pass
-            pending = _mask_pool.submit(_masks, active, vocab) if overlap else None
+            pending = _mask_pool.submit(_masks, active, drafts, vocab, decode) if overlap else None
             with clock("forward"):
+                prefill = cache is None
                 out = model(
                     input_ids=input_ids,
                     attention_mask=mask,
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
-                    **(last_only if cache is None else {}),  # decode steps: slicing 1 of 1 made them slower
+                    **(last_only if prefill else {}),  # decode steps: slicing 1 of 1 made them slower
                 )
-                cache, logits = out.past_key_values, out.logits[:, -1, :]  # [b, V]
+                cache = out.past_key_values
+                slot_row = [i for i, d in enumerate(drafts) for _ in range(len(d) + 1)]
+                slot_col = [-1 if prefill else j for d in drafts for j in range(len(d) + 1)]
+                logits = out.logits[slot_row, slot_col]  # [P, V]: every slot's next-token logits
             with clock("mask"):  # with overlap: what is left of the fill once the forward is done
-                rows, bitmask = pending.result() if pending is not None else _masks(active, vocab)
+                slots, bitmask = pending.result() if pending is not None else _masks(active, drafts, vocab, decode)
                 if bitmask is not None:
                     bitmask = bitmask.to(device)
             with clock("sampler"):
-                sampled = _sample(sampler, active, logits, vocab, device, bitmask, rows)
+                histories = [(active[i], drafts[i][:j]) for i, d in enumerate(drafts) for j in range(len(d) + 1)]
+                sampled = _sample(sampler, histories, logits, vocab, device, bitmask, slots)
                 tokens = sampled.token_ids.tolist()
             with clock("stop+detokenize"):
+                keep, rejected = [], []  # rejected: (row, first block column whose draft is not kept)
+                slot = 0
                 for i, r in enumerate(active):
-                    if r.params.logprobs is not None and sampled.logprobs is not None and tokens[i] >= 0:
-                        r.record_logprobs(sampled.logprobs, i)
-                keep = [i for i, r in enumerate(active) if not r.step(tokens[i])]
+                    finished, confirmed = False, len(drafts[i])
+                    for j in range(len(drafts[i]) + 1):
+                        token = tokens[slot + j]
+                        if r.params.logprobs is not None and sampled.logprobs is not None and token >= 0:
+                            r.record_logprobs(sampled.logprobs, slot + j)
+                        finished = r.step(token)
+                        if finished or j == len(drafts[i]):
+                            break
+                        if token != drafts[i][j] or r.output_ids[-1] != token:
+                            confirmed = j  # drafts j+1.. were computed on a history that did not happen
+                            break
+                    slot += len(drafts[i]) + 1
+                    if not finished:
+                        keep.append(i)
+                        if confirmed < len(drafts[i]):
+                            rejected.append((i, confirmed + 1))
+                width = 1 + max((len(d) for d in drafts), default=0)
+                for i, first in rejected:
+                    mask[i, mask.shape[1] - width + first :] = 0
             if len(keep) < len(active):
                 if not keep:
                     break
@@ -327,15 +402,21 @@ def _run(
                 cache.batch_select_indices(index)
                 mask = mask[index]
                 active = [active[i] for i in keep]
-            input_ids = torch.tensor([[r.output_ids[-1]] for r in active], device=device)  # [b, 1]
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            positions = mask.sum(-1, keepdim=True) - 1  # [b, 1]
+            drafts = [_drafts(r, encode) for r in active] if jump_forward else [[] for _ in active]
+            width = 1 + max(len(d) for d in drafts)
+            input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
+                [[r.output_ids[-1], *d] + [pad] * (width - 1 - len(d)) for r, d in zip(active, drafts, strict=True)],
+                device=device,
+            )
+            block = mask.new_tensor([[1] * (1 + len(d)) + [0] * (width - 1 - len(d)) for d in drafts])  # [b, width]
+            positions = mask.sum(-1, keepdim=True) + torch.arange(width, device=device)  # [b, width]
+            mask = torch.cat([mask, block], dim=1)
 
 
 def _sample(
     sampler: Sampler,
-    active: list[_Request],
-    # [b, V] float
+    histories: list[tuple[_Request, list[int]]],
+    # [P, V] float: one row per slot
     logits: torch.Tensor,
     vocab: int,
     device: torch.device,
@@ -343,14 +424,14 @@ def _sample(
     bitmask: torch.Tensor | None,
     rows: list[int],
 ) -> Any:
-    """One sampler call for the batch, with each row's parameters and history."""
-    penalized = any(r.params.has_penalties for r in active)
+    """One sampler call for every slot: its request's parameters, and its history (output + drafts)."""
+    penalized = any(r.params.has_penalties for r, _ in histories)
     metadata = SamplingMetadata.build(
-        [r.params for r in active],
+        [r.params for r, _ in histories],
         vocab_size=vocab,
         device=device,
-        prompt_token_ids=[r.prompt_ids for r in active] if penalized else None,
-        output_token_ids=[r.output_ids for r in active],
+        prompt_token_ids=[r.prompt_ids for r, _ in histories] if penalized else None,
+        output_token_ids=[r.output_ids + extra for r, extra in histories],
         token_bitmask=bitmask,
         bitmask_rows=rows if rows else None,
     )
@@ -447,6 +528,7 @@ def generate(
     n: int = 1,
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
+    jump_forward: bool = True,
     **sampling: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
@@ -465,6 +547,9 @@ def generate(
         ``finish_reason="length"``); :class:`BudgetError` up front when nothing fits at all.
     repetition_guard : bool or None, default: None (on when constrained)
         Forbid the separator after a JSON item repeated 3 times in a row (``guard_steps``).
+    jump_forward : bool, default: True
+        Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
+        as without it, in fewer passes).
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
     Returns
@@ -485,7 +570,7 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
-    _run(handle, [r for group in expanded for r in group])
+    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward)
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
     return flat[0] if single else flat
@@ -505,6 +590,7 @@ def stream(
     stop_regex: Sequence[str] | str | None = None,
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
+    jump_forward: bool = True,
     **sampling: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
@@ -534,7 +620,7 @@ def stream(
 
     def worker() -> None:
         try:
-            _run(handle, requests)
+            _run(handle, requests, jump_forward=jump_forward)
         except BaseException as err:
             failure.append(err)
         finally:

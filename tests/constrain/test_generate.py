@@ -4,6 +4,7 @@ the default model (a few)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import json
 
@@ -160,15 +161,43 @@ def test_second_model_family_end_to_end():
     assert "".join(e.delta for e in events[:-1]) == events[-1].text in ("yes", "no")
 
 
-def test_masks_filled_beside_the_forward_change_nothing(tiny):
-    """The overlapped mask fill (the default) gives the same tokens as filling after the forward."""
+FORCED = {"type": "object", "properties": {"identifier": {"type": "integer"}, "description_text": {"enum":
+          ["a long forced constant", "another"]}, "flag": {"type": "boolean"}}, "required": ["identifier",
+          "description_text", "flag"], "additionalProperties": False}  # fmt: skip
+
+
+def _counted(forward, calls, *args, **kwargs):
+    calls.append(1)
+    return forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"seed": 7}, {"seed": 3, "top_p": 0.9, "repetition_penalty": 1.3}, {"seed": 1, "logprobs": 2}],
+)
+def test_jump_forward_and_overlap_change_no_token(tiny, sampling):
+    """Forced text verified as drafts in one forward pass, and masks filled beside the forward: the
+    tokens are those of plain decoding, token for token, for greedy and seeded sampling alike."""
     gen = importlib.import_module("constrain.generate")
-    specs = [constrain.Request("JSON:", schema=SMALL, max_tokens=40, sampling={"seed": 7}),
-             constrain.Request("Code:", regex=r"\d{3}-\d{4}", sampling={"temperature": 0}),
-             constrain.Request("Free:", max_tokens=12, sampling={"seed": 8})]  # fmt: skip
-    outputs = []
-    for overlap in (True, False):
+    specs = [constrain.Request("JSON:", schema=FORCED, max_tokens=60, sampling=sampling),
+             constrain.Request("JSON:", schema=SMALL, max_tokens=40, sampling=sampling),
+             constrain.Request("Code:", regex=r"\d{3}-(abc|xyz)-\d{2}", sampling=sampling),
+             constrain.Request("Free:", max_tokens=12, sampling=sampling)]  # fmt: skip
+    outputs, logprobs, forwards = [], [], []
+    original = tiny.model.forward
+    for jump, overlap in ((False, False), (True, False), (True, True)):
         requests = [r for spec in specs for r in gen._expand(tiny, spec)]
-        gen._run(tiny, requests, overlap=overlap)
-        outputs.append([r.output_ids for r in requests])
-    assert outputs[0] == outputs[1] and all(outputs[0])
+        calls: list[int] = []
+        tiny.model.forward = functools.partial(_counted, original, calls)
+        try:
+            gen._run(tiny, requests, overlap=overlap, jump_forward=jump)
+        finally:
+            del tiny.model.forward
+        outputs.append([(r.output_ids, r.text) for r in requests])
+        logprobs.append([lp for r in requests for lp in r.logprobs])
+        forwards.append(len(calls))
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert all(ids for ids, _ in outputs[0])
+    # a position computed inside a multi-token forward differs from a one-token forward in the last bits
+    assert logprobs[0] == pytest.approx(logprobs[1], abs=1e-4) and logprobs[0] == pytest.approx(logprobs[2], abs=1e-4)
+    assert forwards[1] < forwards[0]  # the forced stretches took fewer forward passes
