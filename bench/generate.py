@@ -1,7 +1,8 @@
 """Constrained vs unconstrained generation on the default model, side by side in one run.
 
 For batch 1 and batch 8, greedy: a JSON extraction constrained by a schema (default ``max_tokens``:
-the grammar ends it; jump-forward on, the default), the same without jump-forward, the same with the
+the grammar ends it; jump-forward on, the default), the same without jump-forward, the same with
+n-gram speculation, the same with the
 masks filled on a worker thread beside the forward pass (the default off the CPU), the same with
 ``max_tokens`` set to its output length (so the termination budget checks every step), and
 unconstrained generation of the same number of tokens. Prints tokens/s, forward passes, the ratio
@@ -47,6 +48,7 @@ def run(
     batch: int,
     overlap: bool | None = None,
     jump_forward: bool = True,
+    speculative: bool = False,
 ) -> tuple[int, float, dict[str, float], int]:
     """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation."""
     requests = [r for _ in range(batch) for r in gen._expand(handle, spec)]
@@ -60,7 +62,7 @@ def run(
     handle.model.forward = counted
     start = time.perf_counter()
     try:
-        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward)
+        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative)
     finally:
         del handle.model.forward
     seconds = time.perf_counter() - start
@@ -81,6 +83,7 @@ def main() -> None:
     specs = {
         "constrained": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
         "constrained, no jump-forward": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
+        "constrained, speculative": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
         "constrained, masks beside the forward": constrain.Request(PROMPT, schema=SCHEMA, sampling={"temperature": 0}),
         "constrained, tight": constrain.Request(PROMPT, schema=SCHEMA, max_tokens=length, sampling={"temperature": 0}),
         "unconstrained": constrain.Request(STORY, max_tokens=length, sampling={"temperature": 0}),
@@ -91,7 +94,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, spec in specs.items():
                 overlap, jump = (True if "beside" in name else None), "no jump" not in name
-                runs[name].append(run(handle, spec, batch, overlap=overlap, jump_forward=jump))
+                runs[name].append(run(handle, spec, batch, overlap, jump, speculative="speculative" in name))
         for name in specs:
             tokens, seconds, timings, steps = sorted(runs[name], key=lambda r: r[1])[len(runs[name]) // 2]  # median
             split = {k: v / steps * 1e3 for k, v in timings.items()}

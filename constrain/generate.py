@@ -286,17 +286,38 @@ def _masks(
     return slots, bitmask
 
 
-def _drafts(r: _Request, encode: Callable[[str], list[int]]) -> list[int]:
-    """Jump-forward drafts: the grammar's forced text after ``r``'s last token, as tokens it accepts."""
-    if r.matcher is None or r.finish_reason is not None:
-        return []
-    forced = r.matcher.forced_text()
+NGRAM_MAX = 3
+"""Prompt lookup: the longest suffix of the history (in tokens) searched for an earlier occurrence."""
+
+
+def ngram_proposal(history: Sequence[int], k: int, n_max: int = NGRAM_MAX) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the history's last ``n`` tokens
+    (``n`` from ``n_max`` down to 1): prompt-lookup drafting, which pays off when the output copies
+    the prompt (extraction). Pure."""
+    for n in range(min(n_max, len(history) - 1), 0, -1):
+        tail = list(history[-n:])
+        for start in range(len(history) - n - 1, -1, -1):
+            if list(history[start : start + n]) == tail:
+                return list(history[start + n : start + n + k])
+    return []
+
+
+def _drafts(r: _Request, encode: Callable[[str], list[int]], speculative: bool) -> list[int]:
+    """Drafts for ``r``'s next forward pass: the grammar's forced text (jump-forward), else with
+    ``speculative`` an n-gram proposal from its prompt and output; pruned to what the grammar accepts."""
     room = min(MAX_DRAFT, r.max_tokens - len(r.output_ids) - 1)
-    if not forced or room <= 0:
+    if r.finish_reason is not None or room <= 0:
         return []
-    ids = encode(forced)[:room]
-    probe = r.matcher.fork()
-    return ids[: probe.accept_tokens(ids)]
+    forced = r.matcher.forced_text() if r.matcher is not None else ""
+    if forced:
+        ids = encode(forced)[:room]
+    elif speculative:
+        ids = ngram_proposal(r.prompt_ids + r.output_ids, room)
+    else:
+        return []
+    if r.matcher is None:
+        return ids
+    return ids[: r.matcher.fork().accept_tokens(ids)]
 
 
 def _run(
@@ -306,6 +327,7 @@ def _run(
     *,
     overlap: bool | None = None,
     jump_forward: bool = True,
+    speculative: bool = False,
 ) -> None:
     """Decode every request to its end, as one batch; ``timings`` collects seconds per stage.
 
@@ -316,6 +338,11 @@ def _run(
     decoding, token for token (up to the last bits of the logits, which differ between a one-token
     and a many-token forward pass and could flip an exact tie), while one forward pass covers the
     forced stretch. Rejected drafts stay in the KV cache, masked out of attention.
+
+    ``speculative``: where nothing is forced, draft with :func:`ngram_proposal` (prompt lookup),
+    pruned by the grammar, verified the same way. Drafts are deterministic, so "accept while the
+    sampled token equals the draft" accepts with the probability rejection sampling would (p of the
+    draft) and emits exactly plain decoding's distribution (its very tokens, for seeded requests).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -402,7 +429,7 @@ def _run(
                 cache.batch_select_indices(index)
                 mask = mask[index]
                 active = [active[i] for i in keep]
-            drafts = [_drafts(r, encode) for r in active] if jump_forward else [[] for _ in active]
+            drafts = [_drafts(r, encode, speculative) if jump_forward else [] for r in active]
             width = 1 + max(len(d) for d in drafts)
             input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
                 [[r.output_ids[-1], *d] + [pad] * (width - 1 - len(d)) for r, d in zip(active, drafts, strict=True)],
@@ -529,6 +556,7 @@ def generate(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
+    speculative: bool = False,
     **sampling: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
@@ -550,6 +578,9 @@ def generate(
     jump_forward : bool, default: True
         Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
         as without it, in fewer passes).
+    speculative : bool, default: False
+        Also draft from the prompt and output (n-gram lookup) where nothing is forced; same
+        verification, same tokens. Pays off when the output copies the prompt.
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
     Returns
@@ -570,7 +601,7 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
-    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward)
+    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative)
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
     return flat[0] if single else flat
@@ -591,6 +622,7 @@ def stream(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
+    speculative: bool = False,
     **sampling: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
@@ -620,7 +652,7 @@ def stream(
 
     def worker() -> None:
         try:
-            _run(handle, requests, jump_forward=jump_forward)
+            _run(handle, requests, jump_forward=jump_forward, speculative=speculative)
         except BaseException as err:
             failure.append(err)
         finally:

@@ -175,9 +175,9 @@ def _counted(forward, calls, *args, **kwargs):
     "sampling",
     [{"temperature": 0}, {"seed": 7}, {"seed": 3, "top_p": 0.9, "repetition_penalty": 1.3}, {"seed": 1, "logprobs": 2}],
 )
-def test_jump_forward_and_overlap_change_no_token(tiny, sampling):
-    """Forced text verified as drafts in one forward pass, and masks filled beside the forward: the
-    tokens are those of plain decoding, token for token, for greedy and seeded sampling alike."""
+def test_jump_forward_speculation_and_overlap_change_no_token(tiny, sampling):
+    """Forced text and n-gram proposals verified as drafts in one forward pass, and masks filled beside
+    the forward: the tokens are those of plain decoding, for greedy and seeded sampling alike."""
     gen = importlib.import_module("constrain.generate")
     specs = [constrain.Request("JSON:", schema=FORCED, max_tokens=60, sampling=sampling),
              constrain.Request("JSON:", schema=SMALL, max_tokens=40, sampling=sampling),
@@ -185,12 +185,12 @@ def test_jump_forward_and_overlap_change_no_token(tiny, sampling):
              constrain.Request("Free:", max_tokens=12, sampling=sampling)]  # fmt: skip
     outputs, logprobs, forwards = [], [], []
     original = tiny.model.forward
-    for jump, overlap in ((False, False), (True, False), (True, True)):
+    for jump, overlap, speculative in ((False, False, False), (True, False, False), (True, True, True)):
         requests = [r for spec in specs for r in gen._expand(tiny, spec)]
         calls: list[int] = []
         tiny.model.forward = functools.partial(_counted, original, calls)
         try:
-            gen._run(tiny, requests, overlap=overlap, jump_forward=jump)
+            gen._run(tiny, requests, overlap=overlap, jump_forward=jump, speculative=speculative)
         finally:
             del tiny.model.forward
         outputs.append([(r.output_ids, r.text) for r in requests])
@@ -201,3 +201,12 @@ def test_jump_forward_and_overlap_change_no_token(tiny, sampling):
     # a position computed inside a multi-token forward differs from a one-token forward in the last bits
     assert logprobs[0] == pytest.approx(logprobs[1], abs=1e-4) and logprobs[0] == pytest.approx(logprobs[2], abs=1e-4)
     assert forwards[1] < forwards[0]  # the forced stretches took fewer forward passes
+
+
+def test_ngram_proposal():
+    gen = importlib.import_module("constrain.generate")
+    history = [5, 1, 2, 3, 9, 9, 1, 2]
+    assert gen.ngram_proposal(history, 2) == [3, 9]  # "1 2" occurred before, followed by 3 9
+    assert gen.ngram_proposal(history, 10) == [3, 9, 9, 1, 2]
+    assert gen.ngram_proposal([1, 2, 3], 2) == []  # no earlier occurrence of any suffix
+    assert gen.ngram_proposal([7], 3) == []
