@@ -373,7 +373,7 @@ def _run(
     cache = None
     # the prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    with torch.no_grad():
+    with torch.inference_mode():
         while active:
             # the masks depend only on the tokens so far: fill them beside the forward pass
             pending = _mask_pool.submit(_masks, active, drafts, vocab, decode) if overlap else None
