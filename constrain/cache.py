@@ -41,15 +41,6 @@ class ByteLRU(Generic[V]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, key: Hashable) -> V | None:
-        """The value held for ``key``, or None (a miss is not counted: a creation follows)."""
-        with self._lock:
-            if key not in self._items:
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return self._items[key][0]
-
     def get_or_create(self, key: Hashable, create: Callable[[], V]) -> V:
         with self._lock:
             if key in self._items:

@@ -458,7 +458,7 @@ def _sample(
         vocab_size=vocab,
         device=device,
         prompt_token_ids=[r.prompt_ids for r, _ in histories] if penalized else None,
-        output_token_ids=[r.output_ids + extra for r, extra in histories],
+        output_token_ids=[r.output_ids + extra if extra else r.output_ids for r, extra in histories],
         token_bitmask=bitmask,
         bitmask_rows=rows if rows else None,
     )

@@ -109,8 +109,7 @@ class LlgState:
         self._history.clear()
 
     def fork(self) -> LlgState:
-        twin = LlgState(self._m.deep_copy(), self._tokenizer, ())
-        twin._eos = self._eos
+        twin = LlgState(self._m.deep_copy(), self._tokenizer, self._eos)
         twin._history = list(self._history)
         return twin
 
