@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import llguidance
@@ -46,7 +46,7 @@ def grammar_for(constraint: JsonSchema | Regex, engine_schema: Any = None) -> st
 class LlgState:
     """One request's llguidance matcher, with xgrammar's matcher semantics (see the module docstring)."""
 
-    def __init__(self, matcher: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, matcher: Any, tokenizer: Any, eos_token_ids: Collection[int]) -> None:
         self._m = matcher
         self._tokenizer = tokenizer  # llguidance.LLTokenizer
         self._eos = frozenset(eos_token_ids)
