@@ -33,6 +33,7 @@ from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_b
 from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.results import GenerationResult, StreamEvent, Usage
 from constrain.schema import CoverageEntry
+from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
 from constrain.stopping import StopText, StopUpdate
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 from sampler import SamplingParams, sample
@@ -45,6 +46,7 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "CoverageEntry",
+    "DraftModelProposer",
     "GenerationResult",
     "Grammar",
     "GrammarError",
@@ -53,6 +55,8 @@ __all__ = [
     "Matcher",
     "ModelHandle",
     "ModelNotFoundError",
+    "NgramProposer",
+    "Proposer",
     "Regex",
     "RegexError",
     "Request",

@@ -27,6 +27,7 @@ from constrain.detokenizer import IncrementalDetokenizer
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, load_model
 from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
+from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
 from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
@@ -286,38 +287,31 @@ def _masks(
     return slots, bitmask
 
 
-NGRAM_MAX = 3
-"""Prompt lookup: the longest suffix of the history (in tokens) searched for an earlier occurrence."""
-
-
-def ngram_proposal(history: Sequence[int], k: int, n_max: int = NGRAM_MAX) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the history's last ``n`` tokens
-    (``n`` from ``n_max`` down to 1): prompt-lookup drafting, which pays off when the output copies
-    the prompt (extraction). Pure."""
-    for n in range(min(n_max, len(history) - 1), 0, -1):
-        tail = list(history[-n:])
-        for start in range(len(history) - n - 1, -1, -1):
-            if list(history[start : start + n]) == tail:
-                return list(history[start + n : start + n + k])
-    return []
-
-
-def _drafts(r: _Request, encode: Callable[[str], list[int]], speculative: bool) -> list[int]:
-    """Drafts for ``r``'s next forward pass: the grammar's forced text (jump-forward), else with
-    ``speculative`` an n-gram proposal from its prompt and output; pruned to what the grammar accepts."""
+def _drafts(r: _Request, encode: Callable[[str], list[int]], proposer: Proposer | None) -> list[int]:
+    """Drafts for ``r``'s next forward pass: the grammar's forced text (jump-forward), else the
+    ``proposer``'s guess (speculative decoding); pruned to what the grammar accepts."""
     room = min(MAX_DRAFT, r.max_tokens - len(r.output_ids) - 1)
     if r.finish_reason is not None or room <= 0:
         return []
     forced = r.matcher.forced_text() if r.matcher is not None else ""
     if forced:
         ids = encode(forced)[:room]
-    elif speculative:
-        ids = ngram_proposal(r.prompt_ids + r.output_ids, room)
+    elif proposer is not None:
+        ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     else:
         return []
     if r.matcher is None:
         return ids
     return ids[: r.matcher.fork().accept_tokens(ids)]
+
+
+def _proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
+    """The draft proposer ``speculative`` names; ``ValueError`` for a draft model of another vocabulary."""
+    if isinstance(speculative, bool):
+        return NgramProposer() if speculative else None
+    if isinstance(speculative, DraftModelProposer):
+        speculative.check_vocabulary(handle)
+    return speculative
 
 
 def _run(
@@ -327,7 +321,7 @@ def _run(
     *,
     overlap: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool = False,
+    speculative: bool | Proposer = False,
 ) -> None:
     """Decode every request to its end, as one batch; ``timings`` collects seconds per stage.
 
@@ -339,10 +333,11 @@ def _run(
     and a many-token forward pass and could flip an exact tie), while one forward pass covers the
     forced stretch. Rejected drafts stay in the KV cache, masked out of attention.
 
-    ``speculative``: where nothing is forced, draft with :func:`ngram_proposal` (prompt lookup),
-    pruned by the grammar, verified the same way. Drafts are deterministic, so "accept while the
-    sampled token equals the draft" accepts with the probability rejection sampling would (p of the
-    draft) and emits exactly plain decoding's distribution (its very tokens, for seeded requests).
+    ``speculative``: where nothing is forced, draft with a :class:`~constrain.speculative.Proposer`
+    (``True``: :class:`~constrain.speculative.NgramProposer`, prompt lookup), pruned by the grammar,
+    verified the same way. Drafts are deterministic, so "accept while the sampled token equals the
+    draft" accepts with the probability rejection sampling would (p of the draft) and emits exactly
+    plain decoding's distribution (its very tokens, for seeded requests).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -351,6 +346,7 @@ def _run(
     forward rose by 1.6 ms).
     """
     clock = _Clock(timings)
+    proposer = _proposer(handle, speculative)
     model, device = handle.model, next(handle.model.parameters()).device
     overlap = device.type != "cpu" if overlap is None else overlap
     vocab = handle.vocab_size
@@ -429,7 +425,7 @@ def _run(
                 cache.batch_select_indices(index)
                 mask = mask[index]
                 active = [active[i] for i in keep]
-            drafts = [_drafts(r, encode, speculative) if jump_forward else [] for r in active]
+            drafts = [_drafts(r, encode, proposer) if jump_forward else [] for r in active]
             width = 1 + max(len(d) for d in drafts)
             input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
                 [[r.output_ids[-1], *d] + [pad] * (width - 1 - len(d)) for r, d in zip(active, drafts, strict=True)],
@@ -556,7 +552,7 @@ def generate(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool = False,
+    speculative: bool | Proposer = False,
     **sampling: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
@@ -578,9 +574,11 @@ def generate(
     jump_forward : bool, default: True
         Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
         as without it, in fewer passes).
-    speculative : bool, default: False
-        Also draft from the prompt and output (n-gram lookup) where nothing is forced; same
-        verification, same tokens. Pays off when the output copies the prompt.
+    speculative : bool or Proposer, default: False
+        Where nothing is forced, also verify drafts: ``True`` drafts from the prompt and output
+        (:class:`NgramProposer`, pays off when the output copies the prompt); a
+        :class:`DraftModelProposer` drafts with a small model of the same vocabulary. Same
+        verification, same tokens.
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
     Returns
@@ -601,6 +599,7 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
+    _proposer(handle, speculative)
     _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative)
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
@@ -622,7 +621,7 @@ def stream(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool = False,
+    speculative: bool | Proposer = False,
     **sampling: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
@@ -638,6 +637,7 @@ def stream(
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     requests = _expand(handle, specs[0])
+    _proposer(handle, speculative)
     queue: list[Any] = []
     done = threading.Event()
     lock = threading.Condition()

@@ -148,22 +148,43 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def default_dtype(device: Any) -> Any:
+    """The dtype ``load_model`` picks by default: bfloat16 where ``device`` multiplies it natively (a
+    CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX, as oneDNN reports), else float32.
+
+    Measured with SmolLM2-135M on this project's 2-core AVX512-BF16 CPU: a decode step took 25 ms
+    in bfloat16 against 34 ms in float32 at batch 1, and 35.5 against 62 ms at batch 8.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu":
+        native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # oneDNN's own check
+        return torch.bfloat16 if native is not None and native() else torch.float32
+    return torch.float32
+
+
 def _load_converted(folder: Path, dtype: Any) -> Any:
     from safetensors.torch import load_model as load_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
-    load_weights(model, str(folder / "model.safetensors"))
+    load_weights(model, str(folder / "model.safetensors"))  # float32 on disk, cast on copy
     return model
 
 
-def _convert_gguf(gguf: Path, folder: Path, dtype: Any) -> Any:
+def _convert_gguf(gguf: Path, folder: Path) -> Any:
     """Dequantize a GGUF checkpoint once (tens of seconds) and keep float32 safetensors for later loads."""
+    import torch
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
@@ -177,7 +198,7 @@ def _convert_gguf(gguf: Path, folder: Path, dtype: Any) -> Any:
     return model
 
 
-def load_model(name_or_path: Any = None, *, dtype: Any = None, device: Any = "cpu") -> ModelHandle:
+def load_model(name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "cpu") -> ModelHandle:
     """A model and its tokenizer: a packaged model's name (default SmolLM2-135M-Instruct), a ``.gguf``
     file, a local Hugging Face model folder, or a ``(model, tokenizer)`` pair.
 
@@ -187,17 +208,19 @@ def load_model(name_or_path: Any = None, *, dtype: Any = None, device: Any = "cp
 
     Parameters
     ----------
-    dtype : torch dtype, default: None (float32)
+    dtype : torch dtype or "auto", default: "auto" (:func:`default_dtype` of ``device``); a
+        ``(model, tokenizer)`` pair keeps its own dtype unless one is given
     device : torch device or str, default: "cpu"
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = dtype or torch.float32
+    given = dtype
+    dtype = default_dtype(device) if dtype == "auto" else dtype
     if isinstance(name_or_path, tuple):
         if len(name_or_path) != 2:
             raise ValueError("pass a (model, tokenizer) pair")
         model, tokenizer = name_or_path
+        model = model if given == "auto" else model.to(dtype)
         name = type(model).__name__
     elif name_or_path is not None and Path(str(name_or_path)).is_dir():
         folder = Path(str(name_or_path))
@@ -214,7 +237,7 @@ def load_model(name_or_path: Any = None, *, dtype: Any = None, device: Any = "cp
         if (folder / "model.safetensors").is_file():
             model = _load_converted(folder, dtype)
         else:
-            model = _convert_gguf(gguf, folder, dtype)
+            model = _convert_gguf(gguf, folder).to(dtype)
         name = str(name_or_path or DEFAULT_MODEL)
     model = model.to(device).eval()
     return ModelHandle(model, tokenizer, name, _eos_ids(model, tokenizer))

@@ -204,15 +204,6 @@ def test_jump_forward_speculation_and_overlap_change_no_token(tiny, sampling):
     assert forwards[1] < forwards[0]  # the forced stretches took fewer forward passes
 
 
-def test_ngram_proposal():
-    gen = importlib.import_module("constrain.generate")
-    history = [5, 1, 2, 3, 9, 9, 1, 2]
-    assert gen.ngram_proposal(history, 2) == [3, 9]  # "1 2" occurred before, followed by 3 9
-    assert gen.ngram_proposal(history, 10) == [3, 9, 9, 1, 2]
-    assert gen.ngram_proposal([1, 2, 3], 2) == []  # no earlier occurrence of any suffix
-    assert gen.ngram_proposal([7], 3) == []
-
-
 def test_jump_forward_keeps_the_sampled_distribution(smol_tokenizer):
     """Unseeded sampling draws fresh randomness per call, so jump-forward (fewer calls) changes the
     draws: the distribution over outputs must not change. Chi-square on 600 samples each, fixed seeds.
