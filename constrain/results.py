@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 __all__ = ["FinishReason", "GenerationResult", "StreamEvent", "Usage"]
 
-FinishReason = Literal["stop", "length", "error"]
+FinishReason = Literal["stop", "length", "error", "cancelled"]
 """``stop``: EOS, a stop string or regex, or a complete grammar; ``length``: ``max_tokens`` or the
-context window; ``error``: the grammar allowed no token (a dead end), see ``GenerationResult.error``."""
+context window; ``error``: the grammar allowed no token (a dead end), see ``GenerationResult.error``;
+``cancelled``: the caller gave up on the request (a server's client disconnected)."""
 
 
 @dataclass(frozen=True, slots=True)

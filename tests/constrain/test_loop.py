@@ -1,0 +1,105 @@
+"""The decode loop as a running batch: requests join between steps and leave when done or cancelled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import constrain
+from constrain.generate import _expand
+from constrain.loop import DecodeLoop
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items":
+          {"type": "string", "maxLength": 8}, "maxItems": 3}}, "required": ["n", "tags"]}  # fmt: skip
+SPECS = [
+    constrain.Request("JSON:", schema=SCHEMA, max_tokens=40, sampling={"seed": 1}),
+    constrain.Request("A longer prompt, with more tokens in it than the others:", max_tokens=25,
+                      sampling={"temperature": 0}),
+    constrain.Request("Code:", regex=r"[a-z]{3}-\d{4}", sampling={"seed": 4, "top_p": 0.9}),
+    constrain.Request("Story:", max_tokens=30, sampling={"seed": 9, "repetition_penalty": 1.2}),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sharp(smol_tokenizer):
+    """A random 2-layer Llama with large weights, so that attention is peaked: a key out of place
+    changes the output (with the usual small init, attention is near uniform and would not notice)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3,
+                         eos_token_id=2)  # fmt: skip
+    return constrain.load_model((LlamaForCausalLM(config), smol_tokenizer))
+
+
+def _outputs(requests):
+    return [(r.output_ids, r.text, r.finish_reason) for r in requests]
+
+
+def _staggered(handle, specs, joins_at, cancel=None):
+    """Run ``specs[k]`` joining at step ``joins_at[k]``; ``cancel``: (request index, step)."""
+    loop = DecodeLoop(handle)
+    requests = [_expand(handle, spec)[0] for spec in specs]
+    step = 0
+    while loop.busy or step <= max(joins_at):
+        loop.add([r for r, at in zip(requests, joins_at, strict=True) if at == step])
+        if cancel is not None and cancel[1] == step:
+            loop.cancel(requests[cancel[0]])
+        loop.step()
+        step += 1
+    return requests
+
+
+def test_requests_joining_a_running_batch_get_the_tokens_they_get_alone(sharp):
+    alone = [_outputs(_staggered(sharp, [spec], [0]))[0] for spec in SPECS]
+    together = _outputs(_staggered(sharp, SPECS, [0, 0, 0, 0]))
+    staggered = _outputs(_staggered(sharp, SPECS, [0, 3, 3, 11]))  # the longest prompt joins a shorter cache
+    assert together == alone and staggered == alone
+    assert all(ids for ids, _, _ in alone)
+
+
+def test_a_cancelled_request_leaves_and_the_others_go_on(sharp):
+    alone = [_outputs(_staggered(sharp, [spec], [0]))[0] for spec in SPECS]
+    requests = _staggered(sharp, SPECS, [0, 0, 2, 2], cancel=(1, 4))
+    out = _outputs(requests)
+    assert out[1][2] == "cancelled" and 0 < len(out[1][0]) < len(alone[1][0])
+    assert out[1][0] == alone[1][0][: len(out[1][0])]
+    assert [out[i] for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
+    assert requests[1].result().finish_reason == "cancelled"
+    waiting = _staggered(sharp, SPECS[:2], [0, 5], cancel=(1, 5))  # cancelled before it ever ran
+    assert waiting[1].output_ids == [] and waiting[1].finish_reason == "cancelled"
+
+
+def test_sliding_window_caches_make_joiners_wait_for_the_batch_to_drain(smol_tokenizer):
+    """Gemma 3's sliding-window layers keep a cache that rows cannot be merged into: a joiner waits,
+    and still gets its own tokens."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                              eos_token_id=2, pad_token_id=0)  # fmt: skip
+    handle = constrain.load_model((Gemma3ForCausalLM(config), smol_tokenizer))
+    alone = [_outputs(_staggered(handle, [spec], [0]))[0] for spec in SPECS[:2]]
+    loop = DecodeLoop(handle)
+    first, second = (_expand(handle, spec)[0] for spec in SPECS[:2])
+    loop.add([first])
+    loop.step()
+    loop.add([second])
+    loop.step()
+    assert loop.active == [first] and loop.joining == [second]
+    while loop.busy:
+        loop.step()
+    assert _outputs([first, second]) == alone
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_loop_timings_cover_every_stage(sharp, jump_forward):
+    timings: dict[str, float] = {}
+    loop = DecodeLoop(sharp, timings, jump_forward=jump_forward)
+    loop.add(_expand(sharp, SPECS[0]))
+    while loop.busy:
+        loop.step()
+    assert set(timings) == {"forward", "mask", "sampler", "stop+detokenize"}
