@@ -26,6 +26,7 @@ from constrain.errors import (
     GrammarError,
     RegexError,
     SchemaError,
+    ToolError,
     UnsupportedSchemaError,
 )
 from constrain.generate import Request, agenerate, astream, generate, stream
@@ -36,10 +37,27 @@ from constrain.schema import CoverageEntry
 from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
 from constrain.stopping import StopText, StopUpdate
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
+from constrain.tools import (
+    ChatDelta,
+    ChatResult,
+    ParsedReply,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolCalling,
+    ToolCallParser,
+    ToolFormat,
+    chat,
+    tool,
+    tool_calling,
+    tool_format,
+)
 from sampler import SamplingParams, sample
 
 __all__ = [
     "BudgetError",
+    "ChatDelta",
+    "ChatResult",
     "Choice",
     "CompileError",
     "CompiledConstraint",
@@ -56,6 +74,7 @@ __all__ = [
     "ModelHandle",
     "ModelNotFoundError",
     "NgramProposer",
+    "ParsedReply",
     "Proposer",
     "Regex",
     "RegexError",
@@ -66,12 +85,20 @@ __all__ = [
     "StopUpdate",
     "StreamEvent",
     "TokenizerInfo",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallParser",
+    "ToolCalling",
+    "ToolError",
+    "ToolFormat",
     "UnsupportedSchemaError",
     "Usage",
     "agenerate",
     "allocate_token_bitmask",
     "astream",
     "cache_stats",
+    "chat",
     "choice",
     "compile",
     "fill_next_token_bitmasks",
@@ -85,4 +112,7 @@ __all__ = [
     "sample",
     "stream",
     "tokenizer_info",
+    "tool",
+    "tool_calling",
+    "tool_format",
 ]

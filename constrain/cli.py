@@ -1,4 +1,5 @@
-"""The ``constrain`` command line: ``constrain generate "prompt" --schema person.json``."""
+"""The ``constrain`` command line: ``constrain generate "prompt" --schema person.json``, and
+``constrain serve`` (an OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     for name, kind in (("temperature", float), ("top-k", int), ("top-p", float), ("min-p", float),
                        ("repetition-penalty", float), ("seed", int)):  # fmt: skip
         gen.add_argument(f"--{name}", type=kind, default=None)
+    serve = commands.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    serve.add_argument(
+        "--model", default=None, help="packaged model name, .gguf file or model folder (default SmolLM2)"
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together")
     return parser
 
 
@@ -43,6 +51,8 @@ def _load(model: str | None) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     from constrain.errors import ConstraintError
     from constrain.generate import stream
     from constrain.models import ModelNotFoundError
@@ -85,6 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if schema is not None:
         print(json.dumps(result.value, ensure_ascii=False, indent=2))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from constrain.models import ModelNotFoundError
+    from constrain.server import serve
+
+    try:
+        handle = _load(args.model)
+    except (ModelNotFoundError, OSError) as err:
+        print(f"constrain: error: {err}", file=sys.stderr)
+        return 2
+    serve(handle, host=args.host, port=args.port, max_batch=args.max_batch)
     return 0
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "GrammarError",
     "RegexError",
     "SchemaError",
+    "ToolError",
     "UnsupportedSchemaError",
 ]
 
@@ -71,3 +72,13 @@ class CompileError(ConstraintError):
 
 class BudgetError(ConstraintError, ValueError):
     """No output the constraint accepts fits in ``max_tokens``: raised before generating."""
+
+
+class ToolError(ConstraintError, ValueError):
+    """A tool definition is malformed (its name, its source, its ``parameters`` schema), two tools share
+    a name, or ``tool_choice`` names no given tool. ``tool`` names the culprit ("" when it has no name);
+    a schema error is chained as ``__cause__`` (a :class:`SchemaError` keeps its ``pointer``)."""
+
+    def __init__(self, tool: str, message: str) -> None:
+        self.tool = tool
+        super().__init__(f"tool {tool!r}: {message}" if tool else f"tool definition: {message}")

@@ -1,4 +1,5 @@
-"""Helpers for tests and benchmarks: feeding text through a matcher as MaskBench does.
+"""Helpers for tests and benchmarks: feeding text through a matcher as MaskBench does, and a local
+server on a free loopback port.
 
 The APIs in this module serve testing and measurement and are prone to change.
 """
@@ -21,6 +22,7 @@ from constrain.matcher import Matcher, allocate_token_bitmask
 __all__ = [
     "TERMINATION_WORKLOADS",
     "ConformanceCounts",
+    "LocalServer",
     "accepts",
     "allowed_ids",
     "run_conformance",
@@ -141,3 +143,35 @@ def run_conformance(suite_dir: Path, tokenizer: Any, *, files: list[str] | None 
                         counts.invalid_unflagged += 1
                         counts.unflagged.append(f"{where} / {test['description']}: {text}")
     return counts
+
+
+class LocalServer:
+    """The OpenAI-compatible server on a free loopback port, run by uvicorn in a daemon thread.
+
+    ``url`` is its address; :meth:`stop` ends it. ``options`` go to :func:`constrain.server.create_app`.
+    """
+
+    def __init__(self, handle: Any, **options: Any) -> None:
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        from constrain.server import create_app
+
+        self.app = create_app(handle, **options)
+        self.model = handle.name
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._socket.close()

@@ -17,7 +17,7 @@ from constrain.constraints import Choice, Grammar, JsonSchema, Regex
 if TYPE_CHECKING:
     from constrain.compiler import CompiledConstraint
 
-__all__ = ["parse_json", "validate"]
+__all__ = ["parse_json", "schema_violations", "validate"]
 
 
 def _no_constant(name: str) -> Any:
@@ -61,19 +61,24 @@ def _pointer(path: Any) -> str:
     return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"
 
 
+def schema_violations(constraint: JsonSchema, text: str) -> list[str]:
+    """The violations of ``text`` against a JSON Schema constraint (formats included); empty when valid. Pure."""
+    try:
+        value = parse_json(text)
+    except ValueError as err:
+        return [f"not valid JSON: {err}"]
+    try:
+        errors = sorted(_validator(constraint.schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    except Unresolvable as err:
+        return [f"cannot check: reference {err} does not resolve offline"]
+    return [f"{_pointer(e.absolute_path)}: {e.message}" for e in errors]
+
+
 def validate(compiled: CompiledConstraint, text: str) -> list[str]:
     """Return the violations of ``text``; empty when it satisfies the constraint. Pure."""
     constraint = compiled.constraint
     if isinstance(constraint, JsonSchema):
-        try:
-            value = parse_json(text)
-        except ValueError as err:
-            return [f"not valid JSON: {err}"]
-        try:
-            errors = sorted(_validator(constraint.schema).iter_errors(value), key=lambda e: list(e.absolute_path))
-        except Unresolvable as err:
-            return [f"cannot check: reference {err} does not resolve offline"]
-        return [f"{_pointer(e.absolute_path)}: {e.message}" for e in errors]
+        return schema_violations(constraint, text)
     if isinstance(constraint, Regex):
         if regex_module.fullmatch(constraint.pattern, text) is None:
             return [f"does not match the regex {constraint.pattern!r}"]

@@ -1,0 +1,250 @@
+"""OpenAI's chat and completions API as ``constrain`` requests: the request bodies (pydantic models,
+validated on arrival), their translation into :class:`~constrain.generate.Request` s, and the
+response bodies and stream chunks built from results. No HTTP here (see :mod:`constrain.server`).
+
+Decisions, where OpenAI's API leaves room:
+
+- Unknown fields are refused (400, naming the field), so that a misspelt parameter is not silently
+  ignored; ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and have no effect.
+- ``response_format`` ``json_schema`` with ``strict: true`` compiles strictly (a keyword that can be
+  neither enforced nor checked is refused, 400 naming its path); otherwise leniently (approximated,
+  and the result is validated afterwards).
+- Extensions: ``regex``, ``grammar`` (EBNF text or a shipped grammar's name), ``choices``; at most
+  one constraint per request, and none beside tools that may be called.
+- ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
+- A result that breaks its constraint (which only a lenient schema allows) carries ``violations`` in
+  its choice; a grammar dead end ends the choice with ``finish_reason: "error"``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from constrain.constraints import json_object, json_schema
+from constrain.generate import DEFAULT_MAX_TOKENS, Request
+from constrain.models import ModelHandle
+from constrain.results import GenerationResult
+from constrain.tools import ParsedReply, ToolCallDelta, ToolCalling, tool_calling
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Common(_Body):
+    """Fields both endpoints take."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choices: list[str] | None = Field(default=None, min_length=1)
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    def sampling(self, logprobs: int | None) -> dict[str, Any]:
+        """The :class:`sampler.SamplingParams` fields given (validated when the request is built)."""
+        fields = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                  "repetition_penalty", "seed")  # fmt: skip
+        out = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+        if self.logit_bias:
+            try:
+                out["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
+            except ValueError as err:
+                raise ValueError("logit_bias keys are token ids (integers as strings)") from err
+        if logprobs is not None:
+            out["logprobs"] = logprobs
+        return out
+
+    def request(self, prompt: Any, max_tokens: int | None, logprobs: int | None, **constraint: Any) -> Request:
+        return Request(
+            prompt,
+            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+            stop=self.stop,
+            n=self.n,
+            sampling=self.sampling(logprobs),
+            regex=self.regex,
+            grammar=self.grammar,
+            choices=self.choices,
+            **constraint,
+        )
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with content parts joined into text; ``ValueError`` for a non-text part."""
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] has no 'role'")
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported")
+                texts.append(str(part.get("text", "")))
+            content = "".join(texts)
+        out.append({**message, "content": content})
+    return out
+
+
+def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Request, ToolCalling | None]:
+    """The generation request of a chat completion, and its tools (None without tools)."""
+    messages = _text_messages(body.messages)
+    tools = None
+    constraint: dict[str, Any] = {}
+    if body.tools:
+        tools = tool_calling(
+            body.tools,
+            tool_choice=body.tool_choice or "auto",
+            parallel_tool_calls=body.parallel_tool_calls,
+            format=handle.name,
+        )
+        prompt: Any = tools.prompt(handle, messages)
+        if tools.constraint() is not None:
+            if body.response_format is not None and body.response_format.type != "text":
+                raise ValueError("response_format and callable tools cannot be combined: set tool_choice 'none'")
+            constraint["constraint"] = tools.constraint()
+    elif body.tool_choice not in (None, "none"):
+        raise ValueError("tool_choice needs tools")
+    else:
+        prompt = messages
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        constraint["constraint"] = json_object()
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        schema = fmt.json_schema.schema_
+        constraint["schema"] = json_schema(schema, lenient=not fmt.json_schema.strict, property_order="schema")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return body.request(prompt, body.max_completion_tokens or body.max_tokens, logprobs, **constraint), tools
+
+
+def completion_requests(body: CompletionRequest) -> list[Request]:
+    """One generation request per prompt."""
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if not prompts:
+        raise ValueError("prompt is empty")
+    return [body.request(p, body.max_tokens, body.logprobs) for p in prompts]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def _number(value: float) -> float | None:
+    """A logprob as JSON can carry it: None for NaN (a token the termination budget forced)."""
+    return None if math.isnan(value) else value
+
+
+def chat_logprobs(handle: ModelHandle, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> Any:
+    """OpenAI's ``choice.logprobs`` of a chat completion, for tokens ``ids``."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = handle.tokenizer.decode([token])
+        return {"token": text, "logprob": _number(logprob), "bytes": list(text.encode())}
+
+    content = []
+    for k, token in enumerate(ids):
+        top = tops[k] if k < len(tops) else {}
+        content.append({**entry(token, logprobs[k]), "top_logprobs": [entry(t, lp) for t, lp in top.items()]})
+    return {"content": content}
+
+
+def completion_logprobs(
+    handle: ModelHandle, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]
+) -> Any:
+    """OpenAI's ``choice.logprobs`` of a (legacy) completion."""
+    tokens = [handle.tokenizer.decode([t]) for t in ids]
+    offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_number(lp) for lp in logprobs[: len(ids)]],
+        "top_logprobs": [{handle.tokenizer.decode([t]): lp for t, lp in top.items()} for top in tops[: len(ids)]],
+        "text_offset": offsets,
+    }
+
+
+def finish_reason(result: GenerationResult, reply: ParsedReply | None) -> str:
+    return (
+        "tool_calls"
+        if reply is not None and reply.tool_calls and result.finish_reason == "stop"
+        else result.finish_reason
+    )
+
+
+def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A ``message.tool_calls`` entry."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    """One ``delta.tool_calls`` entry of a stream chunk."""
+    if delta.name is not None:
+        return {"index": delta.index, **tool_call_json(delta.id or "", delta.name, delta.arguments)}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}
+
+
+def usage_json(prompt: int, results: list[GenerationResult]) -> dict[str, int]:
+    """OpenAI's ``usage``: ``prompt`` tokens (each prompt counted once, whatever ``n``) and the completions'."""
+    completion = sum(r.usage.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def envelope(kind: str, request_id: str, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices, **extra}

@@ -1,0 +1,326 @@
+"""An OpenAI-compatible HTTP server: ``constrain serve`` (FastAPI + uvicorn) over one :class:`Engine`.
+
+``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming as Server-Sent Events in
+OpenAI's chunk format), ``GET /v1/models``, ``GET /health``. Concurrent requests share the engine's
+running batch (continuous batching). A client that disconnects has its request cancelled.
+
+Errors are OpenAI's bodies (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad request
+(malformed body, unknown field, out-of-range sampling value, bad schema/regex/grammar/tools, naming
+the culprit), 404 for an unknown model or path, and 500 without a stack trace for a failure of ours
+(logged). Every request is checked and its constraint compiled before it joins the batch, so a bad
+request cannot disturb the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from constrain.engine import Engine
+from constrain.errors import ConstraintError, SchemaError, ToolError
+from constrain.generate import _expand
+from constrain.loop import InFlight
+from constrain.models import ModelHandle
+from constrain.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_logprobs,
+    chat_requests,
+    completion_logprobs,
+    completion_requests,
+    delta_json,
+    envelope,
+    finish_reason,
+    new_id,
+    tool_call_json,
+    usage_json,
+)
+from constrain.results import GenerationResult, StreamEvent
+from constrain.tools import ToolCalling
+
+__all__ = ["create_app", "serve"]
+
+log = logging.getLogger("constrain.server")
+
+
+class _UnknownModel(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+
+class _Submission:
+    """The requests of one HTTP call in the engine: results (and stream events) arrive on the event loop."""
+
+    def __init__(self, engine: Engine, requests: list[InFlight], *, stream: bool) -> None:
+        self.engine, self.requests = engine, requests
+        self._index = {id(r): i for i, r in enumerate(requests)}
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, Any, Any]] = asyncio.Queue()
+        self.finished = 0
+        if stream:
+            for i, r in enumerate(requests):
+                r.on_event = functools.partial(self._on_event, i, r)
+        engine.submit(requests, self._on_done)
+
+    def _on_event(self, index: int, r: InFlight, event: StreamEvent) -> None:  # on the engine thread
+        k, n = len(event.token_ids), len(r.output_ids)
+        scores = (event.token_ids, r.logprobs[n - k : n], r.top_logprobs[n - k : n]) if k and r.logprobs else None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event, scores))
+
+    def _on_done(self, r: InFlight, result: GenerationResult | BaseException) -> None:  # on the engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._index[id(r)], result, None))
+
+    async def items(self, http: HttpRequest | None = None) -> AsyncIterator[tuple[int, Any, Any]]:
+        """Events and results as they come, until every request is done; with ``http``, checks every
+        half second that the client is still there (``_Disconnected`` when not)."""
+        while self.finished < len(self.requests):
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout=0.5)
+            except TimeoutError:
+                if http is not None and await http.is_disconnected():
+                    raise _Disconnected from None
+                continue
+            if isinstance(item[1], BaseException):
+                raise item[1]
+            if isinstance(item[1], GenerationResult):
+                self.finished += 1
+            yield item
+
+    async def results(self, http: HttpRequest) -> list[GenerationResult]:
+        out: list[Any] = [None] * len(self.requests)
+        async for index, item, _ in self.items(http):
+            out[index] = item
+        return out
+
+    def cancel(self) -> None:
+        for r in self.requests:
+            self.engine.cancel(r)
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: int = 32) -> FastAPI:
+    """The FastAPI app serving ``handle`` (as model ``handle.name``) through ``engine`` (default: a new
+    :class:`Engine` with ``max_batch``)."""
+    engine = engine or Engine(handle, max_batch=max_batch)
+    app = FastAPI(title="constrain", docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.router.add_event_handler("shutdown", engine.close)
+    model_name = handle.name
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: HttpRequest, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        return _error(400, f"{param or 'body'}: {first['msg']}", param)
+
+    @app.exception_handler(ConstraintError)
+    @app.exception_handler(ValueError)
+    async def bad_request(_: HttpRequest, err: Exception) -> JSONResponse:
+        param = getattr(err, "field", None) or ("tools" if isinstance(err, ToolError) else None)
+        if isinstance(err, SchemaError):
+            param = "response_format.json_schema.schema"
+        return _error(400, str(err), param)
+
+    @app.exception_handler(_UnknownModel)
+    async def unknown_model(_: HttpRequest, err: _UnknownModel) -> JSONResponse:
+        return _error(404, f"The model '{err}' does not exist; this server serves '{model_name}'.", "model",
+                      "model_not_found")  # fmt: skip
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: HttpRequest, err: HTTPException) -> JSONResponse:
+        return _error(err.status_code, str(err.detail))
+
+    @app.exception_handler(Exception)
+    async def internal(_: HttpRequest, err: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return _error(500, f"internal error ({type(err).__name__}); the server logged it")
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise _UnknownModel(name)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "constrain"}],
+        }
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
+        check_model(body.model)
+        spec, tools = await asyncio.to_thread(chat_requests, body, handle)
+        requests = await asyncio.to_thread(_expand, handle, spec)  # compiles: a bad constraint fails here
+        calling = tools if tools is not None and tools.callable_tools else None
+        submission = _Submission(engine, requests, stream=body.stream)
+        rid = new_id("chatcmpl")
+        if body.stream:
+            return StreamingResponse(
+                _chat_stream(submission, body, calling, handle, rid), media_type="text/event-stream"
+            )
+        try:
+            results = await submission.results(http)
+        except _Disconnected:
+            submission.cancel()
+            return _error(499, "client disconnected")
+        choices = [_chat_choice(i, r, calling, handle, body.logprobs) for i, r in enumerate(results)]
+        usage = usage_json(len(requests[0].prompt_ids), results)  # the n choices share one prompt
+        return envelope("chat.completion", rid, model_name, choices, usage=usage)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
+        check_model(body.model)
+        specs = completion_requests(body)
+        groups = await asyncio.to_thread(lambda: [_expand(handle, s) for s in specs])
+        requests = [r for group in groups for r in group]
+        submission = _Submission(engine, requests, stream=body.stream)
+        rid = new_id("cmpl")
+        prompt_tokens = sum(len(group[0].prompt_ids) for group in groups)
+        if body.stream:
+            return StreamingResponse(_completion_stream(submission, body, handle, rid, prompt_tokens),
+                                     media_type="text/event-stream")  # fmt: skip
+        try:
+            results = await submission.results(http)
+        except _Disconnected:
+            submission.cancel()
+            return _error(499, "client disconnected")
+        choices = []
+        for i, r in enumerate(results):
+            scores = None
+            if body.logprobs is not None:
+                scores = completion_logprobs(handle, r.token_ids, r.logprobs or [], r.top_logprobs or [])
+            choice = {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": scores}
+            choices.append(_with_violations(choice, r.violations))
+        return envelope("text_completion", rid, model_name, choices, usage=usage_json(prompt_tokens, results))
+
+    return app
+
+
+def _with_violations(choice: dict[str, Any], violations: list[str]) -> dict[str, Any]:
+    return {**choice, "violations": violations} if violations else choice
+
+
+def _chat_choice(
+    index: int, result: GenerationResult, tools: ToolCalling | None, handle: ModelHandle, logprobs: bool
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    violations = list(result.violations)
+    reply = tools.parse(result.text) if tools is not None else None
+    if reply is not None:
+        message["content"] = reply.content or None if reply.tool_calls else reply.content
+        if reply.tool_calls:
+            message["tool_calls"] = [tool_call_json(c.id, c.name, c.arguments_json) for c in reply.tool_calls]
+        violations += [v for v in reply.violations if v not in violations]
+    scores = (
+        chat_logprobs(handle, result.token_ids, result.logprobs or [], result.top_logprobs or []) if logprobs else None
+    )
+    choice = {"index": index, "message": message, "finish_reason": finish_reason(result, reply), "logprobs": scores}
+    return _with_violations(choice, violations)
+
+
+async def _chat_stream(
+    submission: _Submission, body: ChatCompletionRequest, tools: ToolCalling | None, handle: ModelHandle, rid: str
+) -> AsyncIterator[str]:
+    parsers = [tools.parser() if tools is not None else None for _ in submission.requests]
+    results: list[GenerationResult] = []
+
+    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, scores: Any = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": scores}
+        return _sse(envelope("chat.completion.chunk", rid, handle.name, [choice]))
+
+    try:
+        for i in range(len(submission.requests)):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for i, item, scores in submission.items():
+            parser = parsers[i]
+            if isinstance(item, StreamEvent):
+                piece = parser.feed(item.delta) if parser is not None else None
+                delta: dict[str, Any] = {"content": piece.content if piece is not None else item.delta}
+                if piece is not None and piece.tool_calls:
+                    delta["tool_calls"] = [delta_json(d) for d in piece.tool_calls]
+                lp = chat_logprobs(handle, *scores) if body.logprobs and scores is not None else None
+                if delta["content"] or "tool_calls" in delta or lp is not None:
+                    yield chunk(i, delta, scores=lp)
+                continue
+            results.append(item)
+            reply = None
+            if parser is not None:
+                rest = parser.finish()
+                if rest.content or rest.tool_calls:
+                    yield chunk(i, {"content": rest.content, "tool_calls": [delta_json(d) for d in rest.tool_calls]})
+                reply = parser.result()
+            yield chunk(i, {}, finish_reason(item, reply))
+        if body.stream_options is not None and body.stream_options.include_usage:
+            usage = usage_json(len(submission.requests[0].prompt_ids), results)
+            yield _sse(envelope("chat.completion.chunk", rid, handle.name, [], usage=usage))
+        yield "data: [DONE]\n\n"
+    except Exception as err:  # headers are sent: report in the stream
+        log.exception("stream failed")
+        yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
+    finally:
+        if submission.finished < len(submission.requests):
+            submission.cancel()  # the client went away (or the stream failed): free the batch rows
+
+
+async def _completion_stream(
+    submission: _Submission, body: CompletionRequest, handle: ModelHandle, rid: str, prompt_tokens: int
+) -> AsyncIterator[str]:
+    results: list[GenerationResult] = []
+
+    def chunk(index: int, text: str, reason: str | None = None, scores: Any = None) -> str:
+        choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": scores}
+        return _sse(envelope("text_completion", rid, handle.name, [choice]))
+
+    try:
+        async for i, item, scores in submission.items():
+            if isinstance(item, StreamEvent):
+                lp = completion_logprobs(handle, *scores) if body.logprobs is not None and scores else None
+                if item.delta or lp is not None:
+                    yield chunk(i, item.delta, scores=lp)
+            else:
+                results.append(item)
+                yield chunk(i, "", item.finish_reason)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield _sse(envelope("text_completion", rid, handle.name, [], usage=usage_json(prompt_tokens, results)))
+        yield "data: [DONE]\n\n"
+    except Exception as err:
+        log.exception("stream failed")
+        yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
+    finally:
+        if submission.finished < len(submission.requests):
+            submission.cancel()
+
+
+def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 32) -> None:
+    """Load ``model`` (anything :func:`constrain.load_model` takes) and serve it until interrupted."""
+    import uvicorn
+
+    from constrain.models import load_model
+
+    handle = model if isinstance(model, ModelHandle) else load_model(model)
+    uvicorn.run(create_app(handle, max_batch=max_batch), host=host, port=port, log_level="info")

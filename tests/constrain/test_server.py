@@ -1,0 +1,319 @@
+"""The OpenAI-compatible server, started on a loopback port and driven with the official ``openai`` client.
+
+Most tests serve the tiny random-weight model (its text is noise, but every constrained output must
+still be valid); two serve the default model end to end.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+import regex as regex_module
+
+import constrain
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+from constrain.testing import LocalServer  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 12}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "strin"}}}
+REMOTE_REF = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+
+
+class Server(LocalServer):
+    """The real server (uvicorn on a free loopback port) and an ``openai`` client for it."""
+
+    def __init__(self, handle: constrain.ModelHandle, **options) -> None:
+        super().__init__(handle, **options)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def raw(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+        """(status, JSON body) of a plain HTTP request (bodies the openai client would not send)."""
+        conn = http.client.HTTPConnection(self.url.removeprefix("http://"), timeout=60)
+        conn.request(method, path, body=body, headers={"content-type": "application/json"})
+        try:
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny) -> Iterator[Server]:
+    s = Server(tiny)
+    yield s
+    s.stop()
+
+
+def _chat(server, content="Hi", **kwargs):
+    return server.client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": content}], **kwargs
+    )
+
+
+def test_health_and_models(server):
+    assert server.raw("GET", "/health") == (200, {"status": "ok"})
+    assert [m.id for m in server.client.models.list().data] == [server.model]
+
+
+def test_plain_chat_with_usage_and_length(server):
+    r = _chat(server, max_tokens=8, temperature=0)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_json_schema_response_format_validates(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = _chat(server, response_format=fmt, max_tokens=60, temperature=1.0, seed=3, n=3)
+    assert len(r.choices) == 3
+    for choice in r.choices:
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    r = _chat(server, response_format={"type": "json_object"}, max_tokens=40, seed=1)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_regex_choices_and_grammar_extensions(server):
+    r = _chat(server, extra_body={"regex": r"\d{3}-[a-z]{2}"}, seed=2)
+    assert regex_module.fullmatch(r"\d{3}-[a-z]{2}", r.choices[0].message.content)
+    r = _chat(server, extra_body={"choices": ["red", "green", "blue"]}, seed=2)
+    assert r.choices[0].message.content in ("red", "green", "blue")
+    r = _chat(server, extra_body={"grammar": "arithmetic"}, max_tokens=30, seed=2)
+    assert (
+        constrain.compile(constrain.grammar("arithmetic"), server.app.state.engine.handle.tokenizer).validate(
+            r.choices[0].message.content
+        )
+        == []
+        or r.choices[0].finish_reason == "length"
+    )
+
+
+def test_seeds_reproduce_and_n_choices_differ(server):
+    a = _chat(server, max_tokens=12, seed=11, n=2, temperature=1.0)
+    b = _chat(server, max_tokens=12, seed=11, n=2, temperature=1.0)
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert a.choices[0].message.content != a.choices[1].message.content
+
+
+def test_logprobs(server):
+    r = _chat(server, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert all(t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)  # greedy took the top token
+
+
+def test_streaming_matches_the_whole_response(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    whole = _chat(server, response_format=fmt, max_tokens=60, seed=5)
+    chunks = list(_chat(server, response_format=fmt, max_tokens=60, seed=5, stream=True,
+                        stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
+
+
+def test_completions_endpoint(server):
+    r = server.client.completions.create(model=server.model, prompt=["One", "Two"], max_tokens=6, n=2, seed=4,
+                                         logprobs=1)  # fmt: skip
+    assert len(r.choices) == 4 and [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) for c in r.choices)
+    streamed = server.client.completions.create(model=server.model, prompt="One", max_tokens=6, seed=4, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "needle"),
+    [
+        ({"temperature": -1}, 400, "temperature"),
+        ({"top_p": 2}, 400, "top_p"),
+        ({"extra_body": {"temprature": 0.5}}, 400, "temprature"),
+        ({"extra_body": {"regex": "(ab"}}, 400, "regex"),
+        ({"extra_body": {"grammar": "root ::= ("}}, 400, "grammar"),
+        ({"extra_body": {"choices": []}}, 400, "choices"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_SCHEMA}}},
+            400,
+            "/properties/a",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "strict": True, "schema": REMOTE_REF},
+                }
+            },
+            400,
+            "/properties/a",
+        ),
+        ({"response_format": {"type": "xml"}}, 400, "response_format"),
+        ({"tools": [WEATHER], "tool_choice": "get_time"}, 400, "get_time"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"logit_bias": {"abc": 1}}, 400, "logit_bias"),
+        ({"n": 0}, 400, "n"),
+        ({"model": "gpt-4"}, 404, "gpt-4"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, kwargs, status, needle):
+    kwargs = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as info:
+        server.client.chat.completions.create(**kwargs)
+    assert info.value.status_code == status
+    error = info.value.body
+    assert needle in error["message"] and error["type"] == "invalid_request_error", error
+
+
+def test_malformed_body_and_unknown_path(server):
+    status, body = server.raw("POST", "/v1/chat/completions", b"{not json")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body = server.raw("GET", "/v1/nothing")
+    assert status == 404 and "error" in body
+
+
+def test_tool_choice_required_named_and_auto(server):
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        r = _chat(server, "Weather in Paris?", tools=[WEATHER, TIME], tool_choice=choice, seed=1, max_tokens=80)
+        message = r.choices[0].message
+        # a random model may go on calling: the budget then closes the last call ("length"), still valid
+        assert r.choices[0].finish_reason in ("tool_calls", "length"), r
+        assert message.tool_calls and all(c.id and c.type == "function" for c in message.tool_calls)
+        for call in message.tool_calls:
+            schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        if isinstance(choice, dict):
+            assert {c.function.name for c in message.tool_calls} == {"get_time"}
+    r = _chat(server, "Hello", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, seed=2)
+    assert len(r.choices[0].message.tool_calls) == 1
+    r = _chat(server, "Hello", tools=[WEATHER], tool_choice="auto", seed=3, max_tokens=20)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_streamed_tool_calls_reassemble(server):
+    kwargs = {"tools": [WEATHER, TIME], "tool_choice": "required", "seed": 6, "max_tokens": 80}
+    whole_choice = _chat(server, "Weather?", **kwargs).choices[0]
+    whole = whole_choice.message.tool_calls
+    calls: dict[int, dict[str, str]] = {}
+    reasons = []
+    for chunk in _chat(server, "Weather?", stream=True, **kwargs):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += delta.id or ""
+            call["name"] += (delta.function.name or "") if delta.function else ""
+            call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+        reasons.append(chunk.choices[0].finish_reason)
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (c.function.name, c.function.arguments) for c in whole
+    ]
+    assert reasons[-1] == whole_choice.finish_reason and all(c["id"] for c in calls.values())
+
+
+def test_a_client_that_disconnects_is_cancelled(server):
+    engine = server.app.state.engine
+    conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+    messages = [{"role": "user", "content": "Go on"}]
+    body = {"model": server.model, "stream": True, "messages": messages, "max_tokens": 1000}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    response = conn.getresponse()
+    for line in response:
+        if line.startswith(b"data:") and b'"content": ""' not in line:
+            break  # the first generated text: the request is running
+    assert engine._running
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    deadline = time.time() + 10
+    while engine._running and time.time() < deadline:
+        time.sleep(0.05)
+    assert not engine._running  # cancelled: its row left the batch long before 1000 tokens
+
+
+def test_concurrent_clients_all_complete_valid(server):
+    """32 clients x 3 requests with mixed constraints: none lost, every output valid, and batched."""
+    engine = server.app.state.engine
+
+    def client(k: int) -> list[bool]:
+        ok = []
+        for j in range(3):
+            kind = (k + j) % 4
+            if kind == 0:
+                fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+                r = _chat(server, response_format=fmt, seed=k * 10 + j, max_tokens=60)
+                jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+            elif kind == 1:
+                r = _chat(server, extra_body={"regex": r"[a-z]{2}\d{2}"}, seed=k)
+                ok.append(bool(regex_module.fullmatch(r"[a-z]{2}\d{2}", r.choices[0].message.content)))
+                continue
+            elif kind == 2:
+                r = _chat(server, tools=[WEATHER], tool_choice="required", seed=k, max_tokens=80)
+                assert r.choices[0].message.tool_calls
+            else:
+                r = _chat(server, max_tokens=10, seed=k)
+            ok.append(r.choices[0].finish_reason in ("stop", "length", "tool_calls"))
+        return ok
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(client, range(32)))
+    assert all(all(r) and len(r) == 3 for r in results)
+    assert not engine._running and not engine._waiting
+    assert engine.peak_batch >= 8  # requests shared the batch
+
+
+def test_default_model_end_to_end():
+    handle = constrain.load_model()
+    s = Server(handle)
+    try:
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        r = _chat(s, "Extract: Maria Lopez is 42.", response_format=fmt, temperature=0)
+        value = json.loads(r.choices[0].message.content)
+        jsonschema.validate(value, PERSON)
+        assert value["age"] == 42
+        r = _chat(s, "What is the weather in Paris, in celsius?", tools=[WEATHER], tool_choice="required",
+                  temperature=0)  # fmt: skip
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    finally:
+        s.stop()

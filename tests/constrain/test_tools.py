@@ -1,0 +1,318 @@
+"""Function calling: tool sources, their errors, the grammar of tools requests (matcher level, then every
+output of a random-weight model), parsing whole and streamed, and the default model end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+import constrain
+from constrain.testing import accepts
+from constrain.tools import TOOL_FORMATS
+
+
+def get_weather(
+    city: Annotated[str, Field(description="The city", max_length=20)],
+    unit: Literal["celsius", "fahrenheit"] = "celsius",
+) -> str:
+    """Get the current weather in a city."""
+    return f"22 degrees {unit} in {city}"
+
+
+class GetWeather(BaseModel):
+    """Get the current weather in a city."""
+
+    city: Annotated[str, Field(description="The city", max_length=20)]
+    unit: Literal["celsius", "fahrenheit"] = "celsius"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def call(name: str, arguments: str, fmt: str = "hermes") -> str:
+    return TOOL_FORMATS[fmt].render([(name, arguments)])
+
+
+def test_each_source_gives_the_same_tool():
+    tools = [constrain.tool(WEATHER), constrain.tool(GetWeather, name="get_weather"), constrain.tool(get_weather)]
+    assert tools[0].parameters == WEATHER["function"]["parameters"]
+    assert tools[0].definition() == tools[1].definition() == tools[2].definition() == WEATHER
+    grammars = {constrain.tool_calling([t]).constraint() for t in tools}
+    assert len(grammars) == 1  # one grammar for the three
+    assert constrain.tool(GetWeather).name == "GetWeather"
+    assert constrain.tool(add, description="Sum.").description == "Sum."
+    bare = constrain.tool({"type": "function", "function": {"name": "ping"}})  # no parameters: no arguments
+    assert bare.validate("{}") == ({}, []) and bare.validate('{"x": 1}')[0] is None
+
+
+def _untyped(city):
+    return city
+
+
+def _star(*cities: str) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "source, match",
+    [
+        ({"type": "function", "function": {"name": "bad name!"}}, "'bad name!'.*1 to 64 letters"),
+        ({"type": "tool", "function": {"name": "f"}}, '\'f\'.*"type": "function"'),
+        ({"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}, "'f'.*JSON object"),
+        ({"type": "function", "function": {"name": "f", "parameters": "{}"}}, "'f'.*JSON Schema object"),
+        (_untyped, "'_untyped'.*'city' has no type hint"),
+        (_star, "'_star'.*'cities' cannot be passed by keyword"),
+        (lambda x: x, "'<lambda>'.*1 to 64 letters"),
+        ({"type": "function", "function": {"name": "auto"}}, "'auto'.*tool_choice values"),
+    ],
+)
+def test_bad_definitions_raise_tool_errors(source, match):
+    with pytest.raises(constrain.ToolError, match=match):
+        constrain.tool(source)
+
+
+def test_bad_parameters_name_the_tool_and_the_keyword_path():
+    malformed = {"type": "object", "properties": {"city": {"type": "strng"}}}
+    with pytest.raises(constrain.ToolError, match=r"'f'.*'/properties/city/type'") as info:
+        constrain.tool({"type": "function", "function": {"name": "f", "parameters": malformed}})
+    assert isinstance(info.value.__cause__, constrain.SchemaError) and info.value.tool == "f"
+    remote = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    with pytest.raises(constrain.ToolError, match=r"'g'.*'\$ref' at '/properties/a'") as info:
+        constrain.tool({"type": "function", "function": {"name": "g", "parameters": remote}})
+    assert isinstance(info.value.__cause__, constrain.UnsupportedSchemaError)
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(constrain.ToolError, match=r"'get_weather'.*two tools"):
+        constrain.tool_calling([WEATHER, get_weather])
+    with pytest.raises(constrain.ToolError, match=r"'nope'.*not among the tools"):
+        constrain.tool_calling([WEATHER], tool_choice="nope")
+    with pytest.raises(constrain.ToolError, match=r"'auto'.*not among"):  # the dict form names a tool
+        constrain.tool_calling([WEATHER], tool_choice={"type": "function", "function": {"name": "auto"}})
+    with pytest.raises(ValueError, match="tool_choice is"):
+        constrain.tool_calling([WEATHER], tool_choice=3)
+    with pytest.raises(ValueError, match="needs at least one tool"):
+        constrain.tool_calling([], tool_choice="required")
+    with pytest.raises(ValueError, match="parallel_tool_calls"):
+        constrain.tool_calling([WEATHER], parallel_tool_calls="yes")
+    with pytest.raises(ValueError, match="a list of tools"):
+        constrain.tool_calling(WEATHER)
+    with pytest.raises(ValueError, match="Pydantic model class or a function"):
+        constrain.tool(42)
+    with pytest.raises(ValueError, match="drop constraint"):
+        constrain.chat(None, [], tools=[WEATHER], constraint=constrain.regex("a"))
+
+
+def test_formats_by_model_family():
+    assert constrain.tool_format("smollm2-135m-instruct").name == "smollm2"
+    assert constrain.tool_format("Qwen2.5-0.5B-Instruct").name == "hermes"
+    assert constrain.tool_format(None).name == constrain.tool_format("SomeUnknownLM").name == "hermes"
+    assert constrain.tool_format("json_list").name == "json_list"
+    with pytest.raises(ValueError, match="trigger"):
+        constrain.ToolFormat("x", "<call>", "<tool_call>", ",", "</tool_call>")
+
+
+ONE = '{"city": "Paris"}'
+TWO = '{"city": "Oslo", "unit": "fahrenheit"}'
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2", "json_list"])
+def test_grammar_accepts_calls_and_rejects_violations(smol_tokenizer, fmt):
+    def compiled(**kwargs):
+        spec = constrain.tool_calling([get_weather, add], format=fmt, **kwargs)
+        return constrain.compile(spec.constraint(), smol_tokenizer)
+
+    def ok(grammar, text):
+        return accepts(grammar, smol_tokenizer, text)
+
+    spell = TOOL_FORMATS[fmt].render
+    required, single = compiled(tool_choice="required"), compiled(tool_choice="required", parallel_tool_calls=False)
+    auto, auto_single = compiled(), compiled(parallel_tool_calls=False)
+    named = compiled(tool_choice={"type": "function", "function": {"name": "add"}})
+    weather, weather2 = spell([("get_weather", ONE)]), spell([("get_weather", TWO)])
+    sums = spell([("add", '{"a": 1, "b": -2}')])
+    both = spell([("get_weather", ONE), ("add", '{"a": 1, "b": 2}')])
+    for grammar in (required, single, auto, auto_single):
+        assert ok(grammar, weather) and ok(grammar, weather2) and ok(grammar, sums)
+        assert not ok(grammar, spell([("get_time", "{}")]))  # unknown tool
+        assert not ok(grammar, spell([("get_weather", '{"city": 3}')]))  # wrong type
+        assert not ok(grammar, spell([("get_weather", '{"unit": "celsius"}')]))  # required key missing
+        assert not ok(grammar, spell([("get_weather", '{"city": "Paris", "country": "FR"}')]))  # closed
+        assert not ok(grammar, spell([("get_weather", '{"city": "' + "x" * 21 + '"}')]))  # maxLength
+        assert not ok(grammar, spell([("get_weather", '{"city":  "Paris"}')]))  # whitespace is bounded
+    assert ok(required, both) and ok(auto, both)
+    assert not ok(single, both) and not ok(auto_single, both)  # parallel_tool_calls=False: exactly one
+    assert not ok(required, "It is sunny.") and not ok(required, "Sure. " + weather) and not ok(required, "")
+    assert ok(auto, "It is sunny.") and ok(auto, "") and ok(auto, "Let me check. " + weather)
+    assert not ok(auto, weather + " Done.")  # the calls end the reply
+    assert ok(named, sums) and not ok(named, weather)
+    assert named.matcher().forced_text() == TOOL_FORMATS[fmt].begin + '{"name": "add", "arguments": {'
+    assert constrain.tool_calling([get_weather], tool_choice="none").constraint() is None
+
+
+def test_auto_text_may_not_hold_the_trigger(smol_tokenizer):
+    compiled = constrain.compile(constrain.tool_calling([get_weather]).constraint(), smol_tokenizer)
+    assert accepts(compiled, smol_tokenizer, "Use <tool_ and [1, 2].")
+    assert not accepts(compiled, smol_tokenizer, "Use <tool_call> tags.")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2", "json_list"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_every_random_model_output_parses_into_valid_calls(tiny, fmt, parallel):
+    messages = [{"role": "user", "content": "Weather in Paris, and 2 + 3?"}]
+    for seed in range(4):
+        r = constrain.chat(tiny, messages, tools=[get_weather, add], tool_choice="required", tool_format=fmt,
+                           parallel_tool_calls=parallel, max_tokens=96, seed=seed, temperature=1.3)  # fmt: skip
+        assert r.valid and r.content == "", (r.generation.text, r.violations)
+        assert len(r.tool_calls) >= 1 if parallel else len(r.tool_calls) == 1
+        for c in r.tool_calls:
+            assert c.arguments is not None and not c.violations
+            assert json.loads(c.arguments_json).items() <= c.arguments.items()  # defaults filled in
+            assert isinstance(c.run(), (int, str))
+
+
+def test_random_model_in_auto_and_named_modes(tiny):
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    for seed in range(3):
+        r = constrain.chat(tiny, messages, tools=[GetWeather, add], tool_format="json_list", max_tokens=24,
+                           seed=seed, temperature=1.5)  # fmt: skip
+        assert r.valid and r.content == r.generation.text and not r.tool_calls  # free text; no trigger
+        named = constrain.chat(tiny, messages, tools=[GetWeather, add], tool_choice="GetWeather", max_tokens=64,
+                               seed=seed, temperature=1.5)  # fmt: skip
+        assert named.valid and [c.name for c in named.tool_calls] == ["GetWeather"] * len(named.tool_calls)
+        assert all(isinstance(c.arguments, GetWeather) for c in named.tool_calls)
+        assert named.finish_reason in ("tool_calls", "length")
+
+
+def test_streamed_parse_equals_the_whole_parse(tiny):
+    spec = constrain.tool_calling([get_weather, add], tool_choice="required", format="smollm2")
+    for seed in range(3):
+        events = list(constrain.stream(tiny, "Call:", constraint=spec.constraint(), max_tokens=96, seed=seed,
+                                       temperature=1.3))  # fmt: skip
+        parser = spec.parser()
+        deltas = [parser.feed(e.delta) for e in events[:-1]] + [parser.finish()]
+        streamed, whole = parser.result(), spec.parse(events[-1].text)
+        assert streamed.valid and whole.valid and whole.tool_calls
+        assert [(c.name, c.arguments, c.arguments_json) for c in streamed.tool_calls] == [
+            (c.name, c.arguments, c.arguments_json) for c in whole.tool_calls
+        ]
+        pieces = [d for delta in deltas for d in delta.tool_calls]
+        for index, c in enumerate(streamed.tool_calls):
+            mine = [d for d in pieces if d.index == index]
+            assert mine[0].name == c.name and mine[0].id == c.id and mine[0].arguments == ""
+            assert all(d.name is None for d in mine[1:]) and "".join(d.arguments for d in mine) == c.arguments_json
+
+
+def test_parser_by_character_holds_back_a_possible_trigger():
+    spec = constrain.tool_calling([get_weather, add])
+    text = "Check <tool_ first. " + TOOL_FORMATS["hermes"].render([("get_weather", ONE), ("add", '{"a": 1, "b": 2}')])
+    parser = spec.parser()
+    deltas = [parser.feed(ch) for ch in text]
+    assert "".join(d.content for d in deltas) == "Check <tool_ first. "
+    assert deltas[text.index("_ first")].content == ""  # "<tool" could still start the trigger
+    assert parser.finish().content == ""
+    reply = parser.result()
+    assert reply.valid and [c.name for c in reply.tool_calls] == ["get_weather", "add"]
+    assert [c.run() for c in reply.tool_calls] == ["22 degrees celsius in Paris", 3]
+    held = spec.parser()
+    assert held.feed("Almost <tool_c").content == "Almost " and held.finish().content == "<tool_c"
+    assert held.result().content == "Almost <tool_c" and held.result().valid
+
+
+def test_parse_reports_violations():
+    spec = constrain.tool_calling([get_weather, WEATHER | {"function": {"name": "raw", "parameters": {}}}])
+    bad = spec.parse(call("get_weather", '{"city": 3}'))
+    assert bad.tool_calls[0].arguments is None and "tool call 0 (get_weather): /city" in bad.violations[0]
+    with pytest.raises(ValueError, match="invalid arguments"):
+        bad.tool_calls[0].run()
+    raw = spec.parse(call("raw", '{"x": [1, "}"]}'))
+    assert raw.valid and raw.tool_calls[0].arguments == {"x": [1, "}"]}
+    with pytest.raises(ValueError, match="not given as a Python function"):
+        raw.tool_calls[0].run()
+    assert "unknown tool 'nope'" in spec.parse(call("nope", "{}")).violations[0]
+    cut = spec.parse(call("get_weather", ONE)[:-20])
+    assert "ended inside the tool calls" in cut.violations[0] and cut.tool_calls[0].arguments is None
+    assert "text after the tool calls" in spec.parse(call("get_weather", ONE) + " ok").violations[0]
+    required = constrain.tool_calling([get_weather], tool_choice="required")
+    assert "calls no tool" in required.parse("").violations[0]
+    assert "expected" in required.parse("Sure!").violations[0]
+    none = constrain.tool_calling([get_weather], tool_choice="none")
+    assert none.parse(call("get_weather", ONE)).content == call("get_weather", ONE)  # "none" parses no call
+    with pytest.raises(ValueError, match="finish"):
+        spec.parser().result()
+
+
+def test_prompt_falls_back_to_a_system_message(smol_tokenizer):
+    spec = constrain.tool_calling([get_weather], format="smollm2")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": ONE}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "22 degrees"},
+    ]  # fmt: skip
+    before = copy.deepcopy(messages)
+    prompt = spec.prompt(smol_tokenizer, messages)
+    assert messages == before  # not mutated
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\nYou can call the following tools")
+    assert json.dumps([constrain.tool(get_weather).definition()]) in prompt
+    assert '<tool_call>[{"name": "tool_name", "arguments": {"argument": "value"}}, {"name": "other_tool"' in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
+        in prompt
+    )
+    assert "<|im_start|>user\n<tool_response>\n22 degrees\n</tool_response><|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    alone = constrain.tool_calling([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
+    prompt = alone.prompt(smol_tokenizer, [{"role": "user", "content": "Hi"}])
+    assert "You must call the tool 'get_weather'." in prompt and "other_tool" not in prompt
+
+
+def test_prompt_uses_a_template_that_takes_tools(smol_tokenizer):
+    tokenizer = copy.deepcopy(smol_tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}[{{ m.content }}]{% endfor %}TOOLS={{ tools | tojson }}"
+    prompt = constrain.tool_calling([add]).prompt(tokenizer, [{"role": "user", "content": "Hi"}])
+    assert prompt == "[Hi]TOOLS=" + json.dumps([constrain.tool(add).definition()])
+
+
+def test_prompt_drops_the_bos_that_encoding_adds(gemma_tokenizer):
+    tokenizer = copy.deepcopy(gemma_tokenizer)
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    prompt = constrain.tool_calling([add], tool_choice="none").prompt(tokenizer, [{"role": "user", "content": "Hi"}])
+    assert prompt.startswith("You can call") and tokenizer.encode(prompt).count(tokenizer.bos_token_id) == 1
+
+
+def test_default_model_calls_tools_end_to_end():
+    handle = constrain.load_model()
+    messages = [{"role": "user", "content": "What is the weather like in Paris?"}]
+    for choice in ("required", "get_weather"):
+        r = constrain.chat(handle, messages, tools=[get_weather, add], tool_choice=choice, temperature=0,
+                           max_tokens=60)  # fmt: skip
+        assert r.valid and r.finish_reason == "tool_calls", r
+        assert r.generation.text.startswith('<tool_call>[{"name": "')  # SmolLM2's format, from its name
+        assert r.tool_calls and all(c.arguments is not None for c in r.tool_calls)
+        if choice == "get_weather":
+            assert [c.name for c in r.tool_calls] == ["get_weather"] and "degrees" in r.tool_calls[0].run()
