@@ -28,27 +28,10 @@ import jsonschema  # noqa: E402
 import openai  # noqa: E402
 
 import constrain  # noqa: E402
+from constrain.testing import PERSON_SCHEMA as PERSON  # noqa: E402
+from constrain.testing import WEATHER_TOOL as WEATHER  # noqa: E402
 from constrain.testing import LocalServer  # noqa: E402
 
-PERSON = {
-    "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0}},
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
 NAMES = ["Maria Lopez", "Ken Ito", "Ada Byron", "Omar Haddad", "Lena Berg", "Tom Reyes", "Ana Silva", "Raj Mehta"]
 DATE = r"\d{4}-\d{2}-\d{2}"
 LABELS = ["positive", "negative", "neutral"]

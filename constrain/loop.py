@@ -9,10 +9,11 @@ the batch's) and leave as soon as they finish or are cancelled: continuous batch
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -394,12 +395,14 @@ class DecodeLoop:
         """Run the running rows' step and the joining rows' prefill; merge the joiners into the batch."""
         model, parts = self.handle.model, []
         if self.active:
-            out = model(input_ids=self._input_ids, attention_mask=self._mask, position_ids=self._positions,
-                        past_key_values=self._cache, use_cache=True)  # fmt: skip
-            self._cache = out.past_key_values
             slot_row = [i for i, d in enumerate(self._drafts) for _ in range(len(d) + 1)]
             slot_col = [j for d in self._drafts for j in range(len(d) + 1)]
-            parts.append(out.logits[slot_row, slot_col])  # [P_running, V]
+            slots = (torch.tensor(slot_row, device=self.device), torch.tensor(slot_col, device=self.device))
+            with _project_only(model, slots if len(slot_row) < self._input_ids.numel() else None) as projected:
+                out = model(input_ids=self._input_ids, attention_mask=self._mask, position_ids=self._positions,
+                            past_key_values=self._cache, use_cache=True)  # fmt: skip
+            self._cache = out.past_key_values
+            parts.append(out.logits[0] if projected else out.logits[slots])  # [P_running, V]
         if joining:
             width = max(len(r.prompt_ids) for r in joining)
             ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in joining]
@@ -468,6 +471,31 @@ class DecodeLoop:
         block = self._mask.new_tensor([[1] * (1 + len(d)) + [0] * (width - 1 - len(d)) for d in self._drafts])
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
+
+
+@contextlib.contextmanager
+def _project_only(
+    model: Any,
+    # ([P] long, [P] long): the (row, column) of each slot whose logits are needed, or None for all
+    slots: tuple[torch.Tensor, torch.Tensor] | None,
+) -> Iterator[bool]:
+    """Within the block, the model's output layer sees only the hidden states of ``slots`` (its logits
+    come out as ``[1, P, V]``), so that padding in a block of drafts costs no vocabulary projection.
+    Yields whether it applies (a model without an output-embedding module computes every position)."""
+    head = model.get_output_embeddings() if slots is not None else None
+    if head is None:
+        yield False
+        return
+
+    def gather(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]  # [B, T, H]
+        return (hidden[slots].unsqueeze(0), *args[1:])  # [1, P, H]
+
+    hook = head.register_forward_pre_hook(gather)
+    try:
+        yield True
+    finally:
+        hook.remove()
 
 
 def _mergeable(cache: Any) -> bool:

@@ -20,7 +20,9 @@ from constrain.errors import ConstraintError
 from constrain.matcher import Matcher, allocate_token_bitmask
 
 __all__ = [
+    "PERSON_SCHEMA",
     "TERMINATION_WORKLOADS",
+    "WEATHER_TOOL",
     "ConformanceCounts",
     "LocalServer",
     "accepts",
@@ -143,6 +145,33 @@ def run_conformance(suite_dir: Path, tokenizer: Any, *, files: list[str] | None 
                         counts.invalid_unflagged += 1
                         counts.unflagged.append(f"{where} / {test['description']}: {text}")
     return counts
+
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+"""A small extraction schema (server tests and benchmarks)."""
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""An OpenAI tool definition (server tests and benchmarks)."""
 
 
 class LocalServer:

@@ -14,37 +14,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
+import openai
 import pytest
 import regex as regex_module
 
 import constrain
+from constrain.testing import PERSON_SCHEMA as PERSON
+from constrain.testing import WEATHER_TOOL as WEATHER
+from constrain.testing import LocalServer
 
-openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
-from constrain.testing import LocalServer  # noqa: E402
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {
