@@ -81,7 +81,7 @@ class Engine:
     def _serve(self) -> None:
         loop = DecodeLoop(self.handle, **self._options)  # type: ignore[arg-type]
         while True:
-            if not self._take(loop, block=not loop.busy):
+            if not self._take(loop, block=not loop.busy and not self._waiting):
                 for r, done in self._waiting + list(self._running.values()):
                     loop.cancel(r)
                     done(r, r.result())

@@ -1,0 +1,109 @@
+"""The engine: continuous batching from many threads, a batch cap, cancellation, and failure isolation."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import constrain
+from constrain.engine import Engine
+from constrain.generate import _expand
+from constrain.loop import run
+
+SPECS = [
+    constrain.Request("Code:", regex=r"[a-z]{3}-\d{3}", sampling={"seed": k}) if k % 2 else
+    constrain.Request("Story:", max_tokens=8 + k, sampling={"seed": k})
+    for k in range(6)
+]  # fmt: skip
+
+
+class Collector:
+    """``on_done`` for an engine: keeps the results and signals when ``expected`` have arrived."""
+
+    def __init__(self, expected: int) -> None:
+        self.results: dict[int, object] = {}
+        self.expected = expected
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, request, result) -> None:
+        with self.lock:
+            self.results[id(request)] = result
+            if len(self.results) == self.expected:
+                self.done.set()
+
+
+def _alone(handle, spec):
+    requests = _expand(handle, spec)
+    run(handle, requests)
+    return requests[0].output_ids
+
+
+@pytest.fixture
+def engine(tiny):
+    e = Engine(tiny, max_batch=2)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_more_requests_than_the_batch_cap_all_finish_with_their_own_tokens(tiny, max_batch):
+    engine = Engine(tiny, max_batch=max_batch)
+    requests = [_expand(tiny, spec)[0] for spec in SPECS]
+    collect = Collector(len(requests))
+    for r in requests:  # from several threads at once
+        threading.Thread(target=engine.submit, args=([r], collect)).start()
+    assert collect.done.wait(60)
+    engine.close()
+    assert engine.peak_batch == max_batch
+    for r, spec in zip(requests, SPECS, strict=True):
+        result = collect.results[id(r)]
+        assert isinstance(result, constrain.GenerationResult) and result.valid
+        assert result.token_ids == _alone(tiny, spec)
+
+
+def test_cancel_a_waiting_and_a_running_request(tiny, engine):
+    long = [_expand(tiny, constrain.Request("Go:", max_tokens=500, sampling={"seed": k}))[0] for k in range(3)]
+    collect = Collector(3)
+    engine.submit(long, collect)
+    for r in long:
+        engine.cancel(r)
+    assert collect.done.wait(60)
+    assert all(collect.results[id(r)].finish_reason == "cancelled" for r in long)
+    assert all(len(r.output_ids) < 500 for r in long)
+
+
+def test_a_failed_step_ends_its_requests_and_the_engine_goes_on(tiny, engine):
+    original = tiny.model.forward
+    calls = []
+
+    def failing(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("out of memory (simulated)")
+        return original(*args, **kwargs)
+
+    tiny.model.forward = failing
+    try:
+        first = _expand(tiny, SPECS[0])
+        collect = Collector(1)
+        engine.submit(first, collect)
+        assert collect.done.wait(60)
+        assert isinstance(collect.results[id(first[0])], RuntimeError)
+        second = _expand(tiny, SPECS[1])
+        collect = Collector(1)
+        engine.submit(second, collect)
+        assert collect.done.wait(60)
+        assert collect.results[id(second[0])].valid
+    finally:
+        del tiny.model.forward
+
+
+def test_bad_arguments_and_a_closed_engine(tiny):
+    with pytest.raises(ValueError, match="max_batch"):
+        Engine(tiny, max_batch=0)
+    e = Engine(tiny)
+    e.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        e.submit(_expand(tiny, SPECS[0]), lambda r, res: None)
