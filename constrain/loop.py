@@ -367,7 +367,9 @@ class DecodeLoop:
             self._select(running)
         joining: list[InFlight] = []
         if self.joining and (not self.active or _mergeable(self._cache)):
-            joining, self.joining = [r for r in self.joining if r.finish_reason is None], []
+            # by prompt length: the prefill pads each group of similar lengths only (see _prefill_groups)
+            joining = sorted((r for r in self.joining if r.finish_reason is None), key=lambda r: len(r.prompt_ids))
+            self.joining = []
         rows, drafts = self.active + joining, self._drafts + [[] for _ in joining]
         if not rows:
             return
@@ -403,20 +405,20 @@ class DecodeLoop:
                             past_key_values=self._cache, use_cache=True)  # fmt: skip
             self._cache = out.past_key_values
             parts.append(out.logits[0] if projected else out.logits[slots])  # [P_running, V]
-        if joining:
-            width = max(len(r.prompt_ids) for r in joining)
-            ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in joining]
-            mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in joining],
-                                device=self.device)  # fmt: skip  # [n, width]
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, width]: left padding must not shift positions
+        for group in _prefill_groups(joining):
+            width = max(len(r.prompt_ids) for r in group)
+            ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in group]
+            mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in group],
+                                device=self.device)  # fmt: skip  # [g, width]
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [g, width]: left padding must not shift positions
             out = model(input_ids=torch.tensor(ids, device=self.device), attention_mask=mask, position_ids=positions,
                         use_cache=True, **self._last_only)  # fmt: skip
-            parts.append(out.logits[:, -1])  # [n, V]
+            parts.append(out.logits[:, -1])  # [g, V]
             if self.active:
                 self._mask = _merge(self._cache, self._mask, out.past_key_values, mask)
             else:
                 self._cache, self._mask = out.past_key_values, mask
-            self.active, self._drafts = self.active + joining, self._drafts + [[] for _ in joining]
+            self.active, self._drafts = self.active + group, self._drafts + [[] for _ in group]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _advance(self, tokens: list[int], logprobs: Any) -> list[int]:
@@ -496,6 +498,23 @@ def _project_only(
         yield True
     finally:
         hook.remove()
+
+
+PREFILL_PADDING = 0.25
+"""A prefill group's longest prompt exceeds its shortest by at most this share (plus 8 tokens)."""
+
+
+def _prefill_groups(joining: list[InFlight]) -> list[list[InFlight]]:
+    """``joining`` (sorted by prompt length) cut into runs of similar lengths, each prefilled in one
+    forward pass: padding a 40-token prompt to a 200-token neighbour would cost 5x its compute, and on
+    a compute-bound device one pass per group costs about what one padded pass would."""
+    groups: list[list[InFlight]] = []
+    for r in joining:
+        if groups and len(r.prompt_ids) <= len(groups[-1][0].prompt_ids) * (1 + PREFILL_PADDING) + 8:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
 
 
 def _mergeable(cache: Any) -> bool:

@@ -103,3 +103,14 @@ def test_loop_timings_cover_every_stage(sharp, jump_forward):
     while loop.busy:
         loop.step()
     assert set(timings) == {"forward", "mask", "sampler", "stop+detokenize"}
+
+
+def test_prefill_groups_bound_the_padding(sharp):
+    from constrain.loop import _prefill_groups
+
+    requests = sorted((_expand(sharp, constrain.Request("x " * n))[0] for n in (1, 3, 30, 34, 200)),
+                      key=lambda r: len(r.prompt_ids))  # fmt: skip
+    groups = [[len(r.prompt_ids) for r in g] for g in _prefill_groups(requests)]
+    assert [len(g) for g in groups] == [2, 2, 1]
+    assert [n for g in groups for n in g] == sorted(len(r.prompt_ids) for r in requests)
+    assert all(max(g) <= 1.25 * min(g) + 8 for g in groups)
