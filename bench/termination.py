@@ -32,42 +32,18 @@ import jsonschema  # noqa: E402
 import torch  # noqa: E402
 
 import constrain  # noqa: E402
+from bench import peers  # noqa: E402
 from constrain.testing import TERMINATION_WORKLOADS as WORKLOADS  # noqa: E402
 
 LIMITS = (48, 192)
-
-
-class _Llguidance:
-    """A transformers logits processor over an llguidance matcher (one sequence)."""
-
-    def __init__(self, tokenizer: Any, schema: dict[str, Any], vocab: int) -> None:
-        import llguidance
-        import llguidance.hf
-
-        lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
-        self.matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(schema))
-        self.mask = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
-        self.start: int | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.start is None:
-            self.start = input_ids.shape[1]
-        elif input_ids.shape[1] > self.start:
-            self.matcher.consume_token(int(input_ids[0, -1]))
-        self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
-        from sampler.ops.bitmask import apply_token_bitmask_inplace
-
-        apply_token_bitmask_inplace(scores, self.mask)
-        return scores
 
 
 def run_peer(engine: str, handle: constrain.ModelHandle, prompt: str, schema: dict[str, Any], limit: int,
              seed: int | None) -> tuple[str, int]:  # fmt: skip
     """(text, tokens) from a peer on the same model."""
     tokenizer, model = handle.tokenizer, handle.model
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)  # fmt: skip
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    messages = [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     sampling: dict[str, Any] = {"do_sample": False} if seed is None else {"do_sample": True, "temperature": 1.0}
     if seed is not None:
         torch.manual_seed(seed)
@@ -77,20 +53,14 @@ def run_peer(engine: str, handle: constrain.ModelHandle, prompt: str, schema: di
         generator = outlines.Generator(outlines.from_transformers(model, tokenizer), outlines.json_schema(schema))
         out = generator(text, max_new_tokens=limit, **sampling)
         return out, len(tokenizer.encode(out, add_special_tokens=False))
+    constraint = constrain.json_schema(schema)
     if engine == "xgrammar":
-        import xgrammar as xgr
-        import xgrammar.contrib.hf
-
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=handle.vocab_size)
-        grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema))
-        processor: Any = xgrammar.contrib.hf.LogitsProcessor(grammar)
+        processor: Any = peers.xgrammar_processor(peers.xgrammar_grammar(peers.xgrammar_compiler(handle), constraint))
     else:
-        processor = _Llguidance(tokenizer, schema, handle.vocab_size)
-    out_ids = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=limit, logits_processor=[processor],
-        pad_token_id=handle.eos_token_ids[0], **sampling,
-    )  # fmt: skip
-    new = [t for t in out_ids[0, ids.shape[1] :].tolist() if t not in handle.eos_token_ids]
+        grammar = peers.llguidance_grammar(constraint)
+        processor = peers.LlguidanceProcessor(peers.llguidance_tokenizer(handle), grammar, handle.eos_token_ids)
+    ids = peers.prompt_ids(handle, messages)
+    new = peers.hf_generate(handle, ids, max_new_tokens=limit, processor=processor, **sampling)[0]
     return tokenizer.decode(new), len(new)
 
 
