@@ -208,13 +208,21 @@ class Budget:
     REFRESH_EVERY = 8
     """Far from the end, the closing length is re-estimated every this many tokens."""
 
-    def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int) -> None:
+    def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int, *, initial: bool = False) -> None:
+        """``initial``: ``matcher`` is in its constraint's initial state, so the closing path found
+        is kept on the compiled constraint for the next request (``encode`` must be its tokenizer's)."""
         self.matcher = matcher
         self.encode = encode
         self.forced = 0  # tokens taken from the closing path instead of the sampled one
-        plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0)
-        if plan is None or len(plan) > max_tokens:
-            plan = completion(matcher, encode, max_tokens=max_tokens)
+        closings = matcher.compiled.initial_closings
+        if initial and max_tokens in closings:
+            plan = closings[max_tokens]
+        else:
+            plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0)
+            if plan is None or len(plan) > max_tokens:
+                plan = completion(matcher, encode, max_tokens=max_tokens)
+            if initial:
+                closings[max_tokens] = plan
         if plan is None or len(plan) > max_tokens:
             raise BudgetError(
                 f"no valid output fits in max_tokens={max_tokens}: the shortest completion found "

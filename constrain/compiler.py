@@ -13,7 +13,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
@@ -60,6 +60,9 @@ class CompiledConstraint:
     engine_schema: Any = None  # the schema as rewritten for the engine (JSON Schema only)
     llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
     llg_grammar_bytes: int = 0
+    # closing paths from the initial state, per max_tokens (filled by constrain.closing.Budget: every
+    # request of this constraint starts there, and the search can take thousands of masks)
+    initial_closings: dict[int, list[int] | None] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> str:

@@ -21,7 +21,7 @@ from constrain.models import ModelHandle, load_model
 from constrain.results import GenerationResult, StreamEvent
 from constrain.speculative import Proposer
 from constrain.stopping import StopText
-from sampler import SamplingParams
+from sampler import InvalidSamplingParamsError, SamplingParams
 
 __all__ = ["Request", "agenerate", "astream", "generate", "stream"]
 
@@ -92,6 +92,9 @@ def _expand(handle: ModelHandle, spec: Request) -> list[InFlight]:
     if not isinstance(spec.n, int) or spec.n < 1:
         raise ValueError(f"n must be a positive integer, got {spec.n!r}")
     params = SamplingParams(**spec.sampling)
+    outside = [t for t in params.logit_bias if not 0 <= t < handle.vocab_size]
+    if outside:  # checked here: inside a batch it would fail every row of the step
+        raise InvalidSamplingParamsError("logit_bias", outside[0], f"token ids in [0, {handle.vocab_size})")
     constraint = _constraint(spec.schema, spec.regex, spec.grammar, spec.choices, spec.constraint)
     compiled = None
     if constraint is not None:
@@ -104,6 +107,8 @@ def _expand(handle: ModelHandle, spec: Request) -> list[InFlight]:
         return list(handle.tokenizer.encode(text, add_special_tokens=False))
 
     ids = _prompt_ids(handle, spec.prompt)
+    if len(ids) >= limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context window is {limit}")
     out = []
     for k in range(spec.n):
         row_params = params

@@ -70,7 +70,7 @@ class InFlight:
             return
         self.matcher = self.compiled.matcher()
         if self.encode is not None:
-            self.budget = Budget(self.matcher, self.encode, self.max_tokens)  # BudgetError: fails up front
+            self.budget = Budget(self.matcher, self.encode, self.max_tokens, initial=True)  # BudgetError: up front
         if self.repetition_guard:
             self.guard = RepetitionGuard(self.compiled.tokenizer)
 

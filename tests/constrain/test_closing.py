@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 import constrain
+from constrain import closing
 from constrain.closing import RepetitionGuard, completion
 from constrain.generate import generate
 from constrain.testing import TERMINATION_WORKLOADS, allowed_ids
@@ -153,6 +154,23 @@ def test_a_budget_nothing_fits_in_fails_up_front(tiny):
               "required": list("abcde")}  # fmt: skip
     with pytest.raises(constrain.BudgetError, match="max_tokens=10"):
         generate(tiny, "JSON:", schema=schema, max_tokens=10)
+
+
+def test_the_initial_closing_is_searched_once_per_constraint(smol_tokenizer, monkeypatch):
+    compiled = constrain.compile(constrain.grammar("sql_select"), smol_tokenizer)
+    calls = []
+    search = closing.completion
+    monkeypatch.setattr(closing, "completion", lambda *a, **k: calls.append(1) or search(*a, **k))
+
+    def encode(text):
+        return smol_tokenizer.encode(text, add_special_tokens=False)
+
+    first = closing.Budget(compiled.matcher(), encode, 64, initial=True)
+    searched = len(calls)
+    second = closing.Budget(compiled.matcher(), encode, 64, initial=True)
+    assert searched >= 1 and len(calls) == searched and first.estimate == second.estimate
+    closing.Budget(compiled.matcher(), encode, 64)  # not known to be initial: searched again
+    assert len(calls) > searched
 
 
 def test_repetition_guard_detects_repeated_items(smol_tokenizer):

@@ -172,6 +172,8 @@ def test_completions_endpoint(server):
         ({"tools": [WEATHER], "tool_choice": "get_time"}, 400, "get_time"),
         ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"logit_bias": {"abc": 1}}, 400, "logit_bias"),
+        ({"logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "word " * 1100}]}, 400, "context window"),
         ({"n": 0}, 400, "n"),
         ({"model": "gpt-4"}, 404, "gpt-4"),
     ],
