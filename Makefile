@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench maskbench conformance termination
+.PHONY: demo test lint bench maskbench conformance termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) bench/sampler.py
 	$(PY) bench/generate.py
+	$(PY) bench/server.py
+
+e2e: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/e2e.py
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/constrain serve
 
 termination: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'

@@ -94,7 +94,7 @@ class _Submission:
         while self.finished < len(self.requests):
             try:
                 item = await asyncio.wait_for(self._queue.get(), timeout=0.5)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # (not the builtin TimeoutError before Python 3.11)
                 if http is not None and await http.is_disconnected():
                     raise _Disconnected from None
                 continue
@@ -104,10 +104,15 @@ class _Submission:
                 self.finished += 1
             yield item
 
-    async def results(self, http: HttpRequest) -> list[GenerationResult]:
+    async def results(self, http: HttpRequest) -> list[GenerationResult] | None:
+        """Every request's result; None (and the requests cancelled) when the client went away."""
         out: list[Any] = [None] * len(self.requests)
-        async for index, item, _ in self.items(http):
-            out[index] = item
+        try:
+            async for index, item, _ in self.items(http):
+                out[index] = item
+        except _Disconnected:
+            self.cancel()
+            return None
         return out
 
     def cancel(self) -> None:
@@ -183,10 +188,8 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             return StreamingResponse(
                 _chat_stream(submission, body, calling, handle, rid), media_type="text/event-stream"
             )
-        try:
-            results = await submission.results(http)
-        except _Disconnected:
-            submission.cancel()
+        results = await submission.results(http)
+        if results is None:
             return _error(499, "client disconnected")
         choices = [_chat_choice(i, r, calling, handle, body.logprobs) for i, r in enumerate(results)]
         usage = usage_json(len(requests[0].prompt_ids), results)  # the n choices share one prompt
@@ -204,10 +207,8 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
         if body.stream:
             return StreamingResponse(_completion_stream(submission, body, handle, rid, prompt_tokens),
                                      media_type="text/event-stream")  # fmt: skip
-        try:
-            results = await submission.results(http)
-        except _Disconnected:
-            submission.cancel()
+        results = await submission.results(http)
+        if results is None:
             return _error(499, "client disconnected")
         choices = []
         for i, r in enumerate(results):
