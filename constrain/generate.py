@@ -15,7 +15,7 @@ from typing import Any
 from constrain.compiler import compile
 from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
 from constrain.detokenizer import IncrementalDetokenizer
-from constrain.loop import InFlight, _proposer
+from constrain.loop import InFlight, resolve_proposer
 from constrain.loop import run as _run
 from constrain.models import ModelHandle, load_model
 from constrain.results import GenerationResult, StreamEvent
@@ -208,7 +208,7 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
-    _proposer(handle, speculative)
+    resolve_proposer(handle, speculative)
     _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative)
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
@@ -246,7 +246,7 @@ def stream(
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     requests = _expand(handle, specs[0])
-    _proposer(handle, speculative)
+    resolve_proposer(handle, speculative)
     queue: list[Any] = []
     done = threading.Event()
     lock = threading.Condition()

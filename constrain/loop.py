@@ -32,7 +32,7 @@ from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
-__all__ = ["DecodeLoop", "InFlight", "run"]
+__all__ = ["DecodeLoop", "InFlight", "resolve_proposer", "run"]
 
 GUARD_WINDOW = 4096
 """Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
@@ -267,7 +267,7 @@ def _drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer 
     return ids[: r.matcher.fork().accept_tokens(ids)]
 
 
-def _proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
+def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
     """The draft proposer ``speculative`` names; ``ValueError`` for a draft model of another vocabulary."""
     if isinstance(speculative, bool):
         return NgramProposer() if speculative else None
@@ -318,7 +318,7 @@ class DecodeLoop:
     ) -> None:
         self.handle = handle
         self.clock = _Clock(timings)
-        self.proposer = _proposer(handle, speculative)
+        self.proposer = resolve_proposer(handle, speculative)
         self.jump_forward = jump_forward
         self.device = next(handle.model.parameters()).device
         self.overlap = self.device.type != "cpu" if overlap is None else overlap
