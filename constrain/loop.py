@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
-__all__ = ["DecodeLoop", "InFlight", "resolve_proposer", "run"]
+__all__ = ["DecodeLoop", "InFlight", "PrefixCache", "resolve_proposer", "run"]
 
 GUARD_WINDOW = 4096
 """Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
@@ -328,6 +329,7 @@ class DecodeLoop:
         forward_args = inspect.signature(handle.model.forward).parameters
         # a prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+        self.prefixes = PrefixCache()
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
         self._drafts: list[list[int]] = []  # per active row: the drafts fed after its last token
@@ -366,10 +368,10 @@ class DecodeLoop:
             self._input_ids, self._positions = self._input_ids[index], self._positions[index]
             self._select(running)
         joining: list[InFlight] = []
+        plan: list[tuple[list[InFlight], int]] = []
         if self.joining and (not self.active or _mergeable(self._cache)):
-            # by prompt length: the prefill pads each group of similar lengths only (see _prefill_groups)
-            joining = sorted((r for r in self.joining if r.finish_reason is None), key=lambda r: len(r.prompt_ids))
-            self.joining = []
+            plan = self._prefill_plan([r for r in self.joining if r.finish_reason is None])
+            joining, self.joining = [r for group, _ in plan for r in group], []
         rows, drafts = self.active + joining, self._drafts + [[] for _ in joining]
         if not rows:
             return
@@ -378,7 +380,7 @@ class DecodeLoop:
             # the masks depend only on the tokens so far: fill them beside the forward pass
             pending = _mask_pool.submit(_masks, rows, drafts, vocab, self.decode) if self.overlap else None
             with self.clock("forward"):
-                logits = self._forward(joining)  # [P, V]: every slot's next-token logits
+                logits = self._forward(plan)  # [P, V]: every slot's next-token logits
             with self.clock("mask"):  # with overlap: what is left of the fill once the forward is done
                 slots, bitmask = pending.result() if pending is not None else _masks(rows, drafts, vocab, self.decode)
                 if bitmask is not None:
@@ -393,7 +395,16 @@ class DecodeLoop:
             if self.active:
                 self._next_inputs()
 
-    def _forward(self, joining: list[InFlight]) -> torch.Tensor:  # [P, V]
+    def _prefill_plan(self, joining: list[InFlight]) -> list[tuple[list[InFlight], int]]:
+        """How to prefill ``joining``: (group, cached prefix length). A request whose prompt starts with
+        :data:`MIN_PREFIX` or more tokens of a prompt prefilled before is prefilled alone, after that
+        prefix (its KV copied from the :class:`PrefixCache`); the others by prompt length, in groups of
+        similar lengths (see :func:`_prefill_groups`)."""
+        hits = [(r, self.prefixes.match(r.prompt_ids)) for r in joining]
+        rest = sorted((r for r, n in hits if n == 0), key=lambda r: len(r.prompt_ids))
+        return [([r], n) for r, n in hits if n] + [(group, 0) for group in _prefill_groups(rest)]
+
+    def _forward(self, plan: list[tuple[list[InFlight], int]]) -> torch.Tensor:  # [P, V]
         """Run the running rows' step and the joining rows' prefill; merge the joiners into the batch."""
         model, parts = self.handle.model, []
         if self.active:
@@ -405,15 +416,18 @@ class DecodeLoop:
                             past_key_values=self._cache, use_cache=True)  # fmt: skip
             self._cache = out.past_key_values
             parts.append(out.logits[0] if projected else out.logits[slots])  # [P_running, V]
-        for group in _prefill_groups(joining):
+        for group, cached in plan:
             width = max(len(r.prompt_ids) for r in group)
-            ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in group]
+            ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids[cached:] for r in group]
             mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in group],
                                 device=self.device)  # fmt: skip  # [g, width]
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [g, width]: left padding must not shift positions
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]  # [g, width - cached]: padding shifts none
+            past = self.prefixes.cache(group[0].prompt_ids, cached) if cached else None
             out = model(input_ids=torch.tensor(ids, device=self.device), attention_mask=mask, position_ids=positions,
-                        use_cache=True, **self._last_only)  # fmt: skip
+                        past_key_values=past, use_cache=True, **self._last_only)  # fmt: skip
             parts.append(out.logits[:, -1])  # [g, V]
+            if _mergeable(out.past_key_values):
+                self.prefixes.add([r.prompt_ids for r in group], out.past_key_values)
             if self.active:
                 self._mask = _merge(self._cache, self._mask, out.past_key_values, mask)
             else:
@@ -498,6 +512,67 @@ def _project_only(
         yield True
     finally:
         hook.remove()
+
+
+MIN_PREFIX = 16
+"""Shortest shared prompt prefix (tokens) worth prefilling from the :class:`PrefixCache`."""
+
+
+class PrefixCache:
+    """The KV cache of recently prefilled prompts, so that a prompt sharing a prefix with one of them
+    (the chat template's system prompt, a tool list, a few-shot preamble) is prefilled from there.
+
+    Keeps whole prompts (least recently used dropped past ``max_tokens`` tokens in all), matched by
+    longest common prefix; only for caches of full-attention layers (see :func:`_mergeable`).
+    Keys already carry their rotary positions, which a prompt sharing the prefix shares too.
+    """
+
+    def __init__(self, max_tokens: int = 1 << 16) -> None:
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._tokens = 0
+
+    def match(self, prompt: Sequence[int]) -> int:
+        """Length of the longest prefix of ``prompt`` cached (0 below :data:`MIN_PREFIX`), at most all
+        tokens but the last (whose logits the prefill must compute)."""
+        best, limit = 0, len(prompt) - 1
+        for key in self._entries:
+            n = 0
+            for a, b in zip(key, prompt[:limit], strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best if best >= MIN_PREFIX else 0
+
+    def cache(self, prompt: Sequence[int], length: int) -> Any:
+        """A fresh ``DynamicCache`` holding the KV of ``prompt[:length]`` (which :meth:`match` found)."""
+        from transformers import DynamicCache
+
+        head = tuple(prompt[:length])
+        key = next(k for k in self._entries if k[:length] == head)
+        self._entries.move_to_end(key)
+        out = DynamicCache()
+        for layer, (keys, values) in enumerate(self._entries[key]):
+            out.update(keys[:, :, :length], values[:, :, :length], layer)  # views: the forward appends by copy
+        return out
+
+    def add(self, prompts: list[list[int]], cache: Any) -> None:
+        """Keep the KV of each of ``prompts``, the rows of ``cache`` (left-padded to the longest)."""
+        width = max(len(p) for p in prompts)
+        for row, prompt in enumerate(prompts):
+            key = tuple(prompt)
+            if key in self._entries or len(prompt) > self.max_tokens:
+                continue
+            start = width - len(prompt)
+            self._entries[key] = [
+                (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
+                for layer in cache.layers
+            ]  # [1, heads, len(prompt), head_dim] each
+            self._tokens += len(prompt)
+        while self._tokens > self.max_tokens:
+            key, _ = self._entries.popitem(last=False)
+            self._tokens -= len(key)
 
 
 PREFILL_PADDING = 0.25

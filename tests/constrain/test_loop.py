@@ -114,3 +114,35 @@ def test_prefill_groups_bound_the_padding(sharp):
     assert [len(g) for g in groups] == [2, 2, 1]
     assert [n for g in groups for n in g] == sorted(len(r.prompt_ids) for r in requests)
     assert all(max(g) <= 1.25 * min(g) + 8 for g in groups)
+
+
+def test_prompts_sharing_a_prefix_are_prefilled_from_the_cache(sharp):
+    """A request whose prompt starts like one prefilled before gets only its new tokens prefilled, and
+    the very tokens it gets without the prefix cache."""
+    preamble = "You are a careful assistant. Answer briefly, in lower case, and never repeat yourself. "
+    specs = [constrain.Request(preamble + task, max_tokens=12, sampling={"seed": k})
+             for k, task in enumerate(["Name a colour.", "Name a fruit.", "Name a city in Spain."])]  # fmt: skip
+    alone = [_outputs(_staggered(sharp, [spec], [0]))[0] for spec in specs]
+    fed: list[int] = []
+    original = sharp.model.forward
+
+    def counted(*args, **kwargs):
+        fed.append(kwargs["input_ids"].shape[1] if kwargs["input_ids"].shape[0] == 1 else 0)
+        return original(*args, **kwargs)
+
+    sharp.model.forward = counted
+    try:
+        loop = DecodeLoop(sharp)
+        requests = [_expand(sharp, spec)[0] for spec in specs]
+        loop.add(requests[:1])
+        loop.step()
+        loop.add(requests[1:])  # join a running batch: prefilled after the shared preamble
+        while loop.busy:
+            loop.step()
+    finally:
+        del sharp.model.forward
+    assert _outputs(requests) == alone
+    prompt = len(requests[1].prompt_ids)
+    shared = loop.prefixes.match(requests[1].prompt_ids)
+    assert shared >= 16 and prompt - shared in fed  # only the tokens after the preamble were fed
+    assert max(fed[1:]) < prompt
