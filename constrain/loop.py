@@ -2,8 +2,9 @@
 
 A :class:`DecodeLoop` runs one batch: every step does one forward for the whole batch (transformers'
 KV cache), one batched bitmask fill for the constrained rows, and one sampler call. Requests join
-between steps (their prompts are prefilled in the step they join, and their KV cache is merged into
-the batch's) and leave as soon as they finish or are cancelled: continuous batching, for a server.
+between steps (their prompts are prefilled in the step they join, in groups of similar length or
+after a prefix another prompt left in the :class:`PrefixCache`, and their KV cache is merged into the
+batch's) and leave as soon as they finish or are cancelled: continuous batching, for a server.
 :func:`run` decodes a fixed set of requests to the end.
 """
 
