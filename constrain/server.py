@@ -17,7 +17,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -185,9 +185,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
         submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("chatcmpl")
         if body.stream:
-            return StreamingResponse(
-                _chat_stream(submission, body, calling, handle, rid), media_type="text/event-stream"
-            )
+            return _event_stream(submission, _chat_stream(submission, body, calling, handle, rid))
         results = await submission.results(http)
         if results is None:
             return _error(499, "client disconnected")
@@ -205,8 +203,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
         rid = new_id("cmpl")
         prompt_tokens = sum(len(group[0].prompt_ids) for group in groups)
         if body.stream:
-            return StreamingResponse(_completion_stream(submission, body, handle, rid, prompt_tokens),
-                                     media_type="text/event-stream")  # fmt: skip
+            return _event_stream(submission, _completion_stream(submission, body, handle, rid, prompt_tokens))
         results = await submission.results(http)
         if results is None:
             return _error(499, "client disconnected")
@@ -246,7 +243,7 @@ def _chat_choice(
 
 async def _chat_stream(
     submission: _Submission, body: ChatCompletionRequest, tools: ToolCalling | None, handle: ModelHandle, rid: str
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     parsers = [tools.parser() if tools is not None else None for _ in submission.requests]
     results: list[GenerationResult] = []
 
@@ -254,67 +251,72 @@ async def _chat_stream(
         choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": scores}
         return _sse(envelope("chat.completion.chunk", rid, handle.name, [choice]))
 
-    try:
-        for i in range(len(submission.requests)):
-            yield chunk(i, {"role": "assistant", "content": ""})
-        async for i, item, scores in submission.items():
-            parser = parsers[i]
-            if isinstance(item, StreamEvent):
-                piece = parser.feed(item.delta) if parser is not None else None
-                delta: dict[str, Any] = {"content": piece.content if piece is not None else item.delta}
-                if piece is not None and piece.tool_calls:
-                    delta["tool_calls"] = [delta_json(d) for d in piece.tool_calls]
-                lp = chat_logprobs(handle, *scores) if body.logprobs and scores is not None else None
-                if delta["content"] or "tool_calls" in delta or lp is not None:
-                    yield chunk(i, delta, scores=lp)
-                continue
-            results.append(item)
-            reply = None
-            if parser is not None:
-                rest = parser.finish()
-                if rest.content or rest.tool_calls:
-                    yield chunk(i, {"content": rest.content, "tool_calls": [delta_json(d) for d in rest.tool_calls]})
-                reply = parser.result()
-            yield chunk(i, {}, finish_reason(item, reply))
-        if body.stream_options is not None and body.stream_options.include_usage:
-            usage = usage_json(len(submission.requests[0].prompt_ids), results)
-            yield _sse(envelope("chat.completion.chunk", rid, handle.name, [], usage=usage))
-        yield "data: [DONE]\n\n"
-    except Exception as err:  # headers are sent: report in the stream
-        log.exception("stream failed")
-        yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
-    finally:
-        if submission.finished < len(submission.requests):
-            submission.cancel()  # the client went away (or the stream failed): free the batch rows
+    for i in range(len(submission.requests)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    async for i, item, scores in submission.items():
+        parser = parsers[i]
+        if isinstance(item, StreamEvent):
+            piece = parser.feed(item.delta) if parser is not None else None
+            delta: dict[str, Any] = {"content": piece.content if piece is not None else item.delta}
+            if piece is not None and piece.tool_calls:
+                delta["tool_calls"] = [delta_json(d) for d in piece.tool_calls]
+            lp = chat_logprobs(handle, *scores) if body.logprobs and scores is not None else None
+            if delta["content"] or "tool_calls" in delta or lp is not None:
+                yield chunk(i, delta, scores=lp)
+            continue
+        results.append(item)
+        reply = None
+        if parser is not None:
+            rest = parser.finish()
+            if rest.content or rest.tool_calls:
+                yield chunk(i, {"content": rest.content, "tool_calls": [delta_json(d) for d in rest.tool_calls]})
+            reply = parser.result()
+        yield chunk(i, {}, finish_reason(item, reply))
+    if body.stream_options is not None and body.stream_options.include_usage:
+        usage = usage_json(len(submission.requests[0].prompt_ids), results)
+        yield _sse(envelope("chat.completion.chunk", rid, handle.name, [], usage=usage))
 
 
 async def _completion_stream(
     submission: _Submission, body: CompletionRequest, handle: ModelHandle, rid: str, prompt_tokens: int
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     results: list[GenerationResult] = []
 
     def chunk(index: int, text: str, reason: str | None = None, scores: Any = None) -> str:
         choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": scores}
         return _sse(envelope("text_completion", rid, handle.name, [choice]))
 
-    try:
-        async for i, item, scores in submission.items():
-            if isinstance(item, StreamEvent):
-                lp = completion_logprobs(handle, *scores) if body.logprobs is not None and scores else None
-                if item.delta or lp is not None:
-                    yield chunk(i, item.delta, scores=lp)
-            else:
-                results.append(item)
-                yield chunk(i, "", item.finish_reason)
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield _sse(envelope("text_completion", rid, handle.name, [], usage=usage_json(prompt_tokens, results)))
-        yield "data: [DONE]\n\n"
-    except Exception as err:
-        log.exception("stream failed")
-        yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
-    finally:
-        if submission.finished < len(submission.requests):
-            submission.cancel()
+    async for i, item, scores in submission.items():
+        if isinstance(item, StreamEvent):
+            lp = completion_logprobs(handle, *scores) if body.logprobs is not None and scores else None
+            if item.delta or lp is not None:
+                yield chunk(i, item.delta, scores=lp)
+        else:
+            results.append(item)
+            yield chunk(i, "", item.finish_reason)
+    if body.stream_options is not None and body.stream_options.include_usage:
+        yield _sse(envelope("text_completion", rid, handle.name, [], usage=usage_json(prompt_tokens, results)))
+
+
+def _event_stream(submission: _Submission, chunks: AsyncGenerator[str, None]) -> StreamingResponse:
+    """The Server-Sent Events response of ``chunks``, then ``[DONE]``. A failure is reported in the
+    stream (the headers are sent by then); requests still running when it ends (the client went
+    away, or it failed) are cancelled, which frees their batch rows."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+            yield "data: [DONE]\n\n"
+        except Exception as err:
+            log.exception("stream failed")
+            yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
+        finally:
+            if submission.finished < len(submission.requests):
+                submission.cancel()
+            await chunks.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 32) -> None:
