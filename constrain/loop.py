@@ -536,14 +536,15 @@ class PrefixCache:
     def match(self, prompt: Sequence[int]) -> int:
         """Length of the longest prefix of ``prompt`` cached (0 below :data:`MIN_PREFIX`), at most all
         tokens but the last (whose logits the prefill must compute)."""
-        best, limit = 0, len(prompt) - 1
+        head, best = tuple(prompt[: len(prompt) - 1]), 0
         for key in self._entries:
-            n = 0
-            for a, b in zip(key, prompt[:limit], strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+            low, high = MIN_PREFIX, min(len(key), len(head))  # the common length, by bisection on slices
+            if high < low or key[:low] != head[:low]:
+                continue
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if key[:mid] == head[:mid] else (low, mid - 1)
+            best = max(best, low)
         return best if best >= MIN_PREFIX else 0
 
     def cache(self, prompt: Sequence[int], length: int) -> Any:

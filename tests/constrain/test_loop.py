@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 
@@ -146,3 +148,27 @@ def test_prompts_sharing_a_prefix_are_prefilled_from_the_cache(sharp):
     shared = loop.prefixes.match(requests[1].prompt_ids)
     assert shared >= 16 and prompt - shared in fed  # only the tokens after the preamble were fed
     assert max(fed[1:]) < prompt
+
+
+def test_prefix_match_is_the_longest_common_prefix():
+    """The bisection in PrefixCache.match against a token-by-token reference, on random prompts."""
+    import random
+
+    from constrain.loop import MIN_PREFIX, PrefixCache
+
+    def reference(keys, prompt):
+        best = 0
+        for key in keys:
+            n = next((i for i, (a, b) in enumerate(zip(key, prompt[:-1], strict=False)) if a != b),
+                     min(len(key), len(prompt) - 1))  # fmt: skip
+            best = max(best, n)
+        return best if best >= MIN_PREFIX else 0
+
+    rng, cache = random.Random(0), PrefixCache()
+    for _ in range(2000):
+        base = [rng.randrange(2) for _ in range(rng.randrange(1, 60))]
+        keys = [tuple(base[: rng.randrange(len(base) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(20))])
+                for _ in range(3)]  # fmt: skip
+        prompt = base[: rng.randrange(len(base) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(20))]
+        cache._entries = OrderedDict((key, []) for key in keys)
+        assert cache.match(prompt) == reference(keys, prompt), (keys, prompt)
