@@ -8,6 +8,7 @@ both over to their own thread or event loop (``loop.call_soon_threadsafe``).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ class Engine:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.handle = handle
         self.max_batch = max_batch
-        self._options = {"jump_forward": jump_forward, "speculative": speculative}
+        self._new_loop = functools.partial(DecodeLoop, handle, jump_forward=jump_forward, speculative=speculative)
         self._inbox: queue.SimpleQueue[tuple[str, Any, Done | None]] = queue.SimpleQueue()
         self._waiting: list[tuple[InFlight, Done]] = []
         self._running: dict[int, tuple[InFlight, Done]] = {}
@@ -79,7 +80,7 @@ class Engine:
         self._thread.join(timeout)
 
     def _serve(self) -> None:
-        loop = DecodeLoop(self.handle, **self._options)  # type: ignore[arg-type]
+        loop = self._new_loop()
         while True:
             if not self._take(loop, block=not loop.busy and not self._waiting):
                 for r, done in self._waiting + list(self._running.values()):
@@ -93,7 +94,7 @@ class Engine:
                 for r, done in self._running.values():
                     done(r, err)
                 self._running.clear()
-                loop = DecodeLoop(self.handle, **self._options)  # type: ignore[arg-type]
+                loop = self._new_loop()
             for key, (r, done) in list(self._running.items()):
                 if r.finish_reason is not None:
                     del self._running[key]
