@@ -27,10 +27,10 @@ from constrain.schema import CoverageEntry, prepare
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 
 __all__ = [
-    "AUTO_MAX_REPEAT",
-    "AUTO_MAX_RULES",
+    "AUTO_LIMITS",
     "CACHE_MAX_BYTES",
     "ENGINES",
+    "AutoLimits",
     "CompiledConstraint",
     "cache_stats",
     "choice_ebnf",
@@ -235,6 +235,9 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
     if tokenizer is None:
         raise CompileError("the llguidance engine needs a fast Hugging Face tokenizer")
     engine_schema, coverage = _prepared(constraint) if isinstance(constraint, JsonSchema) else (None, ())
+    if engine_schema is not None:
+        engine_schema, refused = llg.llguidance_schema(engine_schema)
+        coverage += refused
     text = llg.grammar_for(constraint, engine_schema)
     try:
         template = llguidance.LLMatcher(tokenizer, text)
@@ -255,35 +258,67 @@ def _build_auto(constraint: Constraint, info: TokenizerInfo) -> CompiledConstrai
 
 ENGINES = ("auto", "xgrammar", "llguidance")
 
-AUTO_MAX_RULES = 450
-AUTO_MAX_REPEAT = 120
-"""``engine="auto"`` serves a JSON schema or regex with llguidance when xgrammar's grammar for it has
-more than ``AUTO_MAX_RULES`` rules, or bounded repetitions (``{m,n}``: ``maxLength``, ``maxItems``,
-``x{1,300}`` in a pattern) whose upper bounds add up to ``AUTO_MAX_REPEAT`` or more (each bound
-counted up to 300). xgrammar precomputes a token-mask cache per grammar position, so these take
-it seconds to compile (a ``maxLength: 1024`` string alone: 0.8 s; measured on 600 MaskBench
-schemas with SmolLM2's tokenizer: up to 8 s), where llguidance, which computes masks lazily,
-takes 1 to 44 ms. The choice is a pure function of the constraint: the same request always
-gets the same engine."""
+
+@dataclass(frozen=True, slots=True)
+class AutoLimits:
+    """When ``engine="auto"`` serves a JSON schema or regex with llguidance instead of xgrammar.
+
+    xgrammar precomputes a token-mask cache per grammar position, so its masks are the fastest,
+    but some grammars take it 50 ms to seconds to compile; llguidance computes masks lazily and
+    compiles in about a millisecond. Any limit reached sends the constraint to llguidance. Fitted
+    on 1,996 MaskBench schemas with SmolLM2's tokenizer (xgrammar 0.2.8, 2 CPU cores): 405 go to
+    llguidance, and 13 of the rest took xgrammar over 45 ms to compile (73 with the previous rule:
+    450 rules or repetitions adding up to 120). The choice is a pure function of the constraint.
+    """
+
+    schema_chars: int = 10_000
+    """Characters of the prepared schema (annotations dropped): past it, xgrammar's grammar is not even built."""
+    rules: int = 450
+    """Rules of xgrammar's grammar."""
+    repeat: int = 40
+    """Upper bounds of bounded repetitions added up (``maxLength``, ``maxItems``; each counted up to 300),
+    those inside a ``pattern`` twice (``^[A-Za-z]{1,32}$`` alone: 107 ms). ``maxLength: 1024`` alone: 0.8 s."""
+    repeat_min: int = 40
+    """Lower bounds of repetitions added up (``minLength``, ``minItems``, required-key counts)."""
+    excluded_keys: int = 12
+    """Rules of the "any key but the declared ones" tries of open objects (12 to 16 cost about 60 ms; 3 keys
+    make 9 rules, which cost about 40 ms)."""
+
+
+AUTO_LIMITS = AutoLimits()
 
 _REPEAT = re.compile(r"\{(\d+),\s*(-?\d+)\}")
 _PATTERN_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
+def _repeat_sum(bounds: list[int]) -> int:
+    return sum(min(b, 300) for b in bounds if b >= 0)
+
+
 @functools.lru_cache(maxsize=1024)
 def _auto_engine(constraint: Constraint) -> str:
-    """The engine ``"auto"`` picks for ``constraint`` (see :data:`AUTO_MAX_RULES`); pure, memoized."""
+    """The engine ``"auto"`` picks for ``constraint`` (see :class:`AutoLimits`); pure, memoized."""
+    limits = AUTO_LIMITS
     if isinstance(constraint, Regex):
         bounds = [int(hi or lo) for lo, hi in _PATTERN_REPEAT.findall(constraint.pattern)]
-        return "llguidance" if sum(min(b, 300) for b in bounds) >= AUTO_MAX_REPEAT else "xgrammar"
+        return "llguidance" if 2 * _repeat_sum(bounds) >= limits.repeat else "xgrammar"
     if not isinstance(constraint, JsonSchema):
         return "xgrammar"
     try:
-        ebnf = _json_schema_grammar(constraint)[0]
+        if len(json.dumps(_prepared(constraint)[0])) > limits.schema_chars:
+            return "llguidance"
+        ebnf = _json_schema_grammar(constraint)[0]  # what xgrammar would compile
     except Exception:  # the build reports it
         return "xgrammar"
-    bounds = [int(hi) for _, hi in _REPEAT.findall(ebnf) if int(hi) >= 0]
-    heavy = ebnf.count("\n") > AUTO_MAX_RULES or sum(min(b, 300) for b in bounds) >= AUTO_MAX_REPEAT
+    repeats = _REPEAT.findall(ebnf)
+    lines = ebnf.split("\n")
+    in_patterns = [int(hi or lo) for line in lines if "Regex(" in line for lo, hi in _PATTERN_REPEAT.findall(line)]
+    heavy = (
+        len(lines) > limits.rules
+        or _repeat_sum([int(hi) for _, hi in repeats]) + 2 * _repeat_sum(in_patterns) >= limits.repeat
+        or _repeat_sum([int(lo) for lo, _ in repeats]) >= limits.repeat_min
+        or sum(bool(_EXCLUDED_KEY_PART.match(line)) for line in lines) >= limits.excluded_keys
+    )
     return "llguidance" if heavy else "xgrammar"
 
 
@@ -311,7 +346,7 @@ def compile(
         raised at once (the engine finishes in the background and caches the result).
     engine : "auto", "xgrammar" or "llguidance", default: "auto"
         The grammar engine. ``"auto"``: xgrammar (fastest masks), except for JSON
-        schemas and regexes it would take long to compile (:data:`AUTO_MAX_RULES`),
+        schemas and regexes it would take long to compile (:class:`AutoLimits`),
         which llguidance serves where it supports them. Both enforce the same
         language, except that llguidance takes properties in the schema's order only.
 

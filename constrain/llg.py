@@ -5,7 +5,7 @@ masks are then fast, but a large schema takes seconds to compile. llguidance
 computes masks lazily (a lexer over the token trie): compiling costs about a
 millisecond, masks a little more. :func:`constrain.compile` with ``engine="auto"``
 serves the constraints xgrammar would take long to compile with llguidance (see
-:data:`constrain.compiler.AUTO_MAX_RULES`).
+:class:`constrain.compiler.AutoLimits`).
 
 :class:`LlgState` mirrors the subset of ``xgr.GrammarMatcher`` that
 :class:`~constrain.matcher.Matcher` uses, with xgrammar's semantics: a rejected
@@ -24,10 +24,60 @@ import llguidance
 import torch
 
 from constrain.constraints import MAX_WHITESPACE, JsonSchema, Regex
+from constrain.schema import CoverageEntry
 
-__all__ = ["LlgState", "fill_next_token_bitmasks", "grammar_for"]
+__all__ = ["UNKNOWN_FORMATS", "LlgState", "fill_next_token_bitmasks", "grammar_for", "llguidance_schema"]
 
 _WHITESPACE = r"[ \t\n\r]"
+
+
+UNKNOWN_FORMATS = frozenset({"json-pointer", "relative-json-pointer", "uri-reference", "uri-template"})
+"""Formats the prepared schema keeps (xgrammar enforces them) that llguidance 1.x refuses to compile."""
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMAS = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+
+
+def llguidance_schema(schema: Any) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """The prepared ``schema`` less what llguidance refuses, and coverage entries saying so.
+
+    Dropped (the grammar then accepts a superset; ``validate`` checks the finished output):
+    formats in :data:`UNKNOWN_FORMATS`, and ``minProperties``/``maxProperties`` of objects
+    with optional keys. Returns ``schema`` itself when nothing is dropped; never mutates it.
+    """
+    dropped: dict[str, set[str]] = {}
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = dict(node)
+        if out.get("format") in UNKNOWN_FORMATS:
+            dropped.setdefault("format", set()).add(out.pop("format"))
+        if not set(out.get("properties", ())) <= set(out.get("required", ())):
+            for key in ("minProperties", "maxProperties"):
+                if out.pop(key, None) is not None:
+                    dropped.setdefault(key, set()).add("beside optional keys")
+        for key in _SCHEMA_MAPS:
+            if isinstance(out.get(key), dict):
+                out[key] = {name: walk(sub) for name, sub in out[key].items()}
+        for key in _SCHEMA_LISTS:
+            if isinstance(out.get(key), list):
+                out[key] = [walk(sub) for sub in out[key]]
+        for key in _SCHEMAS:
+            if key in out:
+                out[key] = walk(out[key])
+        return out
+
+    adapted = walk(schema)
+    if not dropped:
+        return schema, ()
+    note = "llguidance serves this schema and refuses {} ({}): validated afterwards"
+    entries = tuple(
+        CoverageEntry("", key, "checked", note.format(key, ", ".join(sorted(what))))
+        for key, what in sorted(dropped.items())
+    )
+    return adapted, entries
 
 
 def grammar_for(constraint: JsonSchema | Regex, engine_schema: Any = None) -> str:

@@ -279,8 +279,6 @@ class _Preparer:
 
     def inline(self, branch: Any, pointer: str, inlined: list[str]) -> Any:
         """A branch with its top-level local ``$ref`` chain inlined (appended to ``inlined``); None if recursive."""
-        if branch is True:
-            return {}
         seen: list[str] = []
         while isinstance(branch, dict) and isinstance(branch.get("$ref"), str) and branch["$ref"].startswith("#"):
             ref = branch["$ref"]
@@ -293,7 +291,7 @@ class _Preparer:
             if rest:
                 return _combine(target, rest) if isinstance(target, dict) else None
             branch = target
-        return branch
+        return {} if branch is True else branch  # a reference may name a boolean schema
 
     # -- enum / const -----------------------------------------------------------------------
     def literal(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
@@ -455,7 +453,7 @@ def _escape(name: str) -> str:
 
 
 def _search_pattern(pattern: str) -> str | None:
-    """JSON Schema ``pattern`` is a search: pad unanchored ends so the engine's full match agrees.
+    """JSON Schema ``pattern`` is a search: pad unanchored ends and anchor, so both engines read it alike.
 
     None when the engine would misread it: an anchor inside the pattern (xgrammar ignores those)
     or a top-level ``|`` (an outer anchor binds one alternative only).
@@ -483,7 +481,8 @@ def _search_pattern(pattern: str) -> str | None:
             depth -= 1
         elif ch in "^$" or (ch == "|" and depth == 0 and (start or end)):
             return None
-    return ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*")
+    # anchored explicitly: xgrammar reads a pattern as a full match, llguidance as a search
+    return "^" + ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*") + "$"
 
 
 _FAMILIES = {

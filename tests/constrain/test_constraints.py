@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from typing import Literal
 
+import jsonschema
 import pytest
 from pydantic import BaseModel
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
@@ -70,6 +71,23 @@ def test_constraints_are_immutable_hashable_and_equal_by_value():
     assert constrain.json_object() == constrain.json_schema({"type": "object"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.lenient = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"pattern": r"\p{Letter}+"},  # ECMA-262 accepts it; Python's re, which validate() uses, does not
+        {"properties": {"a": {"patternProperties": {"(": {}}}}},
+        {"$defs": {"x": {"minLength": -1}}},
+        {"type": "objects"},
+    ],
+)
+def test_metaschema_fast_path_refuses_what_python_jsonschema_refuses(schema):
+    """jsonschema-rs decides first; a schema it refuses gets python-jsonschema's verdict and message."""
+    with pytest.raises(jsonschema.SchemaError):
+        jsonschema.Draft202012Validator.check_schema(schema)
+    with pytest.raises(SchemaError):
+        constrain.json_schema(schema)
 
 
 @pytest.mark.parametrize(

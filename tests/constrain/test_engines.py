@@ -121,6 +121,16 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
     assert constrain.compile(heavy, smol_tokenizer) is compiled  # deterministic, and cached
     assert accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 512 + '"}')
     assert not accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 513 + '"}')
+    # each limit of AutoLimits on its own: a bounded pattern (107 ms in xgrammar), an open object's
+    # "any key but these" trie of 12+ rules (3 keys: 14 rules, about 60 ms; from 4 keys on, xgrammar's
+    # extra keys are any string), a schema too large to build xgrammar's grammar for
+    keys = {k: {"type": "integer"} for k in ("name", "age", "email")}
+    for schema in (
+        {"type": "string", "pattern": "^[A-Za-z0-9 ]{1,32}$"},
+        {"type": "object", "properties": keys},
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(400)}},
+    ):
+        assert constrain.compile(constrain.json_schema(schema), smol_tokenizer).engine == "llguidance", schema
     # a repetition bound over 128, which xgrammar cannot compile at all
     wide = constrain.compile(constrain.regex("[a-z]{1,129}"), smol_tokenizer)
     assert wide.engine == "llguidance" and accepts(wide, smol_tokenizer, "a" * 129)
@@ -128,13 +138,51 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
 
 
 def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
+    # llguidance calls the enum-against-pattern clash unsatisfiable; xgrammar takes the enum, and the
+    # pattern is checked afterwards
     schema = {
         "type": "object",
-        "properties": {"u": {"type": "string", "format": "uri-reference"}, "bio": {"type": "string", "maxLength": 500}},
+        "properties": {"a": {"type": "string", "pattern": "^a$", "enum": ["b"]}, "bio": {"maxLength": 500}},
+        "required": ["a"],
     }
-    with pytest.raises(constrain.CompileError, match="uri-reference"):
+    with pytest.raises(constrain.CompileError, match="unsatisfiable"):
         constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine="llguidance")
     assert constrain.compile(constrain.json_schema(schema), smol_tokenizer).engine == "xgrammar"
+
+
+def test_llguidance_serves_what_it_refuses_as_a_superset(smol_tokenizer):
+    """Formats llguidance does not know, and minProperties beside optional keys, are dropped from its
+    grammar, reported in the coverage, and checked afterwards (llguidance alone refuses the schema)."""
+    schema = {
+        "type": "object",
+        "properties": {"u": {"type": "string", "format": "uri-reference"}, "v": {"type": "integer"}},
+        "minProperties": 1,
+    }
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine="llguidance")
+    refused = {e.keyword: e for e in compiled.coverage if e.note.startswith("llguidance")}
+    assert set(refused) == {"format", "minProperties"}
+    assert all(e.status == "checked" for e in refused.values()) and "uri-reference" in refused["format"].note
+    assert not compiled.fully_enforced
+    assert accepts(compiled, smol_tokenizer, '{"u": "a/b?c", "v": 1}')
+    assert not accepts(compiled, smol_tokenizer, '{"u": 1}')  # the rest is still enforced
+    for text in ('{"u": "a/b?c"}', '{"v": 2}'):
+        assert accepts(compiled, smol_tokenizer, text) and compiled.validate(text) == []
+    assert accepts(compiled, smol_tokenizer, "{}") and compiled.validate("{}")  # minProperties, afterwards
+    assert compiled.validate('{"u": "\\\\bad ref"}')  # not a URI reference
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_patterns_are_anchored_on_both_engines(smol_tokenizer, engine):
+    """JSON Schema's ``pattern`` is a search: anchors hold in the grammar itself on both engines (not only
+    in ``validate``), and an unanchored end matches anything."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "^[0-9a-f]{4}$"}, "b": {"type": "string", "pattern": "x"}},
+    }
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    assert accepts(compiled, smol_tokenizer, '{"a": "00ff", "b": "yxy"}')
+    for bad in ('{"a": "z00ff"}', '{"a": "00ffz"}', '{"a": "00f"}', '{"b": "yy"}'):
+        assert not accepts(compiled, smol_tokenizer, bad), bad
 
 
 def test_engine_name_is_checked(smol_tokenizer):

@@ -112,6 +112,17 @@ def test_strict_refuses_what_cannot_be_checked_and_lenient_reports_it(smol_token
         constrain.compile(constrain.json_schema(False), smol_tokenizer)
 
 
+def test_all_of_branches_referring_to_boolean_schemas(smol_tokenizer):
+    """``allOf`` through a ``$ref`` to ``true`` adds nothing; to ``false`` nothing satisfies it (MaskBench's
+    ffizer schema used to crash the preparation with an AttributeError)."""
+    defs = {"yes": True, "no": False}
+    schema = {"$defs": defs, "allOf": [{"$ref": "#/$defs/yes"}, {"type": "integer"}]}
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    assert accepts(compiled, smol_tokenizer, "12") and not accepts(compiled, smol_tokenizer, '"a"')
+    with pytest.raises(constrain.UnsupportedSchemaError, match="false"):
+        constrain.compile(constrain.json_schema({"$defs": defs, "allOf": [{"$ref": "#/$defs/no"}]}), smol_tokenizer)
+
+
 def test_dangling_ref_is_a_schema_error(smol_tokenizer):
     with pytest.raises(constrain.SchemaError) as info:
         constrain.compile(constrain.json_schema({"properties": {"a": {"$ref": "#/$defs/missing"}}}), smol_tokenizer)
