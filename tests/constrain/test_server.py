@@ -297,3 +297,25 @@ def test_default_model_end_to_end():
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     finally:
         s.stop()
+
+
+def test_serve_freezes_the_startup_heap(tiny, monkeypatch):
+    """``constrain serve`` moves the objects loaded at startup out of the collector's full passes."""
+    import gc
+
+    import uvicorn
+
+    from constrain.server import serve
+
+    ran = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.append((app, options)))
+    gc.unfreeze()
+    try:
+        serve(tiny, port=1)
+        assert ran and ran[0][1]["port"] == 1
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        for app, _ in ran:
+            for handler in app.router.on_shutdown:  # the engine's thread
+                handler()
