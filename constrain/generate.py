@@ -208,7 +208,6 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
-    resolve_proposer(handle, speculative)
     _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative)
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
@@ -246,7 +245,7 @@ def stream(
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     requests = _expand(handle, specs[0])
-    resolve_proposer(handle, speculative)
+    resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
     queue: list[Any] = []
     done = threading.Event()
     lock = threading.Condition()

@@ -40,9 +40,9 @@ GUARD_WINDOW = 4096
 """Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class InFlight:
-    """One completion in flight."""
+    """One completion in flight (compared by identity)."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -53,6 +53,7 @@ class InFlight:
     eos: frozenset[int]
     context_limit: int
     on_event: Callable[[StreamEvent], None] | None = None
+    partials: bool = True  # events carry the partial JSON value (a parse of the whole text, per token)
     encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
     repetition_guard: bool = False
     matcher: Matcher | None = None
@@ -79,7 +80,8 @@ class InFlight:
     def _emit(self, text: str, token_ids: list[int]) -> None:
         self.text += text
         if self.on_event is not None and (text or token_ids):
-            self.on_event(StreamEvent(text, token_ids, _partial(self.compiled, self.text)))
+            partial = _partial(self.compiled, self.text) if self.partials else None
+            self.on_event(StreamEvent(text, token_ids, partial))
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         self.finish_reason, self.error = reason, error
@@ -114,7 +116,8 @@ class InFlight:
             return True
         self.output_ids.append(token)
         piece = self.detok.add(token)
-        self.generated = (self.generated + piece)[-GUARD_WINDOW:]
+        if self.guard is not None:
+            self.generated = (self.generated + piece)[-GUARD_WINDOW:]
         update = self.stop.feed(piece)
         self._emit(update.text, [token])
         if update.stopped:
@@ -228,7 +231,7 @@ def _masks(
     (slots numbered row by row), repetition guard applied. Changes no matcher (drafts go to forks)."""
     matchers: list[Matcher] = []
     slots: list[int] = []
-    texts: list[tuple[InFlight, str]] = []
+    guarded: list[tuple[int, RepetitionGuard, str]] = []  # (mask row, the row's guard, its recent text)
     slot = 0
     for i, r in enumerate(active):
         state = r.matcher
@@ -237,17 +240,17 @@ def _masks(
                 if j:
                     state = state.fork()
                     state.accept_token(drafts[i][j - 1])
+                if r.guard is not None:
+                    guarded.append((len(matchers), r.guard, r.generated + decode(drafts[i][:j]) if j else r.generated))
                 matchers.append(state)
                 slots.append(slot)
-                texts.append((r, r.generated + decode(drafts[i][:j]) if j else r.generated))
             slot += 1
     if not slots:
         return slots, None
     bitmask = allocate_token_bitmask(len(slots), vocab)
     fill_next_token_bitmasks(matchers, bitmask)
-    for k, (r, text) in enumerate(texts):
-        if r.guard is not None:
-            r.guard.apply(text, bitmask[k])
+    for k, guard, text in guarded:
+        guard.apply(text, bitmask[k])
     return slots, bitmask
 
 
@@ -409,14 +412,19 @@ class DecodeLoop:
         """Run the running rows' step and the joining rows' prefill; merge the joiners into the batch."""
         model, parts = self.handle.model, []
         if self.active:
-            slot_row = [i for i, d in enumerate(self._drafts) for _ in range(len(d) + 1)]
-            slot_col = [j for d in self._drafts for j in range(len(d) + 1)]
-            slots = (torch.tensor(slot_row, device=self.device), torch.tensor(slot_col, device=self.device))
-            with _project_only(model, slots if len(slot_row) < self._input_ids.numel() else None) as projected:
+            slots = None  # every position is a slot (no row is padded) unless drafts differ in length
+            if sum(len(d) + 1 for d in self._drafts) < self._input_ids.numel():
+                slot_row = [i for i, d in enumerate(self._drafts) for _ in range(len(d) + 1)]
+                slot_col = [j for d in self._drafts for j in range(len(d) + 1)]
+                slots = (torch.tensor(slot_row, device=self.device), torch.tensor(slot_col, device=self.device))
+            with _project_only(model, slots) as projected:
                 out = model(input_ids=self._input_ids, attention_mask=self._mask, position_ids=self._positions,
                             past_key_values=self._cache, use_cache=True)  # fmt: skip
             self._cache = out.past_key_values
-            parts.append(out.logits[0] if projected else out.logits[slots])  # [P_running, V]
+            if projected:
+                parts.append(out.logits[0])  # [P_running, V]
+            else:
+                parts.append(out.logits.flatten(0, 1) if slots is None else out.logits[slots])  # [P_running, V]
         for group, cached in plan:
             width = max(len(r.prompt_ids) for r in group)
             ids = [[self.pad] * (width - len(r.prompt_ids)) + r.prompt_ids[cached:] for r in group]
@@ -661,7 +669,8 @@ def _sample(
         vocab_size=vocab,
         device=device,
         prompt_token_ids=[r.prompt_ids for r, _ in histories] if penalized else None,
-        output_token_ids=[r.output_ids + extra if extra else r.output_ids for r, extra in histories],
+        output_token_ids=[r.output_ids + extra for r, extra in histories] if penalized else None,
+        output_lengths=None if penalized else [len(r.output_ids) + len(extra) for r, extra in histories],
         token_bitmask=bitmask,
         bitmask_rows=rows if rows else None,
     )

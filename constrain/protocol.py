@@ -18,6 +18,7 @@ Decisions, where OpenAI's API leaves room:
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import uuid
@@ -29,7 +30,7 @@ from constrain.constraints import json_object, json_schema
 from constrain.generate import DEFAULT_MAX_TOKENS, Request
 from constrain.models import ModelHandle
 from constrain.results import GenerationResult
-from constrain.tools import ParsedReply, ToolCallDelta, ToolCalling, tool_calling
+from constrain.tools import ToolCallDelta, ToolCalling, tool_call_json, tool_calling
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests"]
 
@@ -211,26 +212,13 @@ def completion_logprobs(
 ) -> Any:
     """OpenAI's ``choice.logprobs`` of a (legacy) completion."""
     tokens = [handle.tokenizer.decode([t]) for t in ids]
-    offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [_number(lp) for lp in logprobs[: len(ids)]],
         "top_logprobs": [{handle.tokenizer.decode([t]): lp for t, lp in top.items()} for top in tops[: len(ids)]],
         "text_offset": offsets,
     }
-
-
-def finish_reason(result: GenerationResult, reply: ParsedReply | None) -> str:
-    return (
-        "tool_calls"
-        if reply is not None and reply.tool_calls and result.finish_reason == "stop"
-        else result.finish_reason
-    )
-
-
-def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    """A ``message.tool_calls`` entry."""
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def delta_json(delta: ToolCallDelta) -> dict[str, Any]:

@@ -41,13 +41,11 @@ from constrain.protocol import (
     completion_requests,
     delta_json,
     envelope,
-    finish_reason,
     new_id,
-    tool_call_json,
     usage_json,
 )
 from constrain.results import GenerationResult, StreamEvent
-from constrain.tools import ToolCalling
+from constrain.tools import ToolCalling, finish_reason, tool_call_json
 
 __all__ = ["create_app", "serve"]
 
@@ -79,6 +77,7 @@ class _Submission:
         if stream:
             for i, r in enumerate(requests):
                 r.on_event = functools.partial(self._on_event, i, r)
+                r.partials = False  # the wire format has no partial values: skip parsing per token
         engine.submit(requests, self._on_done)
 
     def _on_event(self, index: int, r: InFlight, event: StreamEvent) -> None:  # on the engine thread

@@ -48,11 +48,12 @@ def ngram_proposal(history: Sequence[int], k: int, n_max: int = NGRAM_MAX) -> li
     """Up to ``k`` tokens that followed the latest earlier occurrence of the history's last ``n`` tokens
     (``n`` from ``n_max`` down to 1): prompt-lookup drafting, which pays off when the output copies
     the prompt (extraction). Pure."""
+    history = list(history)
     for n in range(min(n_max, len(history) - 1), 0, -1):
-        tail = list(history[-n:])
+        tail = history[-n:]
         for start in range(len(history) - n - 1, -1, -1):
-            if list(history[start : start + n]) == tail:
-                return list(history[start + n : start + n + k])
+            if history[start + n - 1] == tail[-1] and history[start : start + n] == tail:
+                return history[start + n : start + n + k]
     return []
 
 

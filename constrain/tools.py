@@ -57,7 +57,9 @@ __all__ = [
     "ToolCalling",
     "ToolFormat",
     "chat",
+    "finish_reason",
     "tool",
+    "tool_call_json",
     "tool_calling",
     "tool_format",
 ]
@@ -496,7 +498,7 @@ class ToolCall:
 
     def openai(self) -> dict[str, Any]:
         """The call as OpenAI writes it in a message's ``tool_calls`` (a fresh dict)."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
+        return tool_call_json(self.id, self.name, self.arguments_json)
 
     def run(self) -> Any:
         """Call the tool's Python function with the validated arguments and return its result.
@@ -732,6 +734,18 @@ class ChatResult:
 _GENERATE_CONSTRAINTS = ("schema", "regex", "grammar", "choices", "constraint", "n")
 
 
+def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A call as OpenAI writes it in a message's ``tool_calls`` (``arguments``: JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def finish_reason(result: GenerationResult, reply: ParsedReply | None) -> FinishReason | Literal["tool_calls"]:
+    """OpenAI's finish reason of a reply: ``"tool_calls"`` when it ended by itself with calls."""
+    if reply is not None and reply.tool_calls and result.finish_reason == "stop":
+        return "tool_calls"
+    return result.finish_reason
+
+
 def chat(
     model: Any,
     messages: Sequence[dict[str, Any]],
@@ -767,7 +781,5 @@ def chat(
     )
     generation = generate(handle, spec.prompt(handle, messages), constraint=spec.constraint(), **generate_kwargs)
     reply = spec.parse(generation.text)
-    called = reply.tool_calls and generation.finish_reason == "stop"
-    ended: FinishReason | Literal["tool_calls"] = "tool_calls" if called else generation.finish_reason
     violations = list(dict.fromkeys(generation.violations + reply.violations))
-    return ChatResult(reply.content, reply.tool_calls, ended, violations, generation)
+    return ChatResult(reply.content, reply.tool_calls, finish_reason(generation, reply), violations, generation)

@@ -73,6 +73,7 @@ class SamplingMetadata:
         device: torch.device | str,
         prompt_token_ids: TokenIds = None,
         output_token_ids: TokenIds = None,
+        output_lengths: Sequence[int] | None = None,
         token_bitmask: torch.Tensor | None = None,
         bitmask_rows: Sequence[int] | torch.Tensor | None = None,
         generator: torch.Generator | None = None,
@@ -90,6 +91,9 @@ class SamplingMetadata:
         prompt_token_ids, output_token_ids : per-row id sequences, default: None
             Used by the penalties; ``len(output_token_ids[i])`` is row i's position
             in its seeded random stream.
+        output_lengths : per-row ints, default: None
+            Row i's position in its seeded random stream, for a caller that passes no
+            ``output_token_ids`` (no row has penalties) and so spares copying the ids.
         token_bitmask : int32 tensor ``[c, ceil(V / 32)]``, default: None
             Allowed tokens (xgrammar's layout) for ``c`` constrained rows.
         bitmask_rows : ``c`` row indices, default: None
@@ -109,6 +113,12 @@ class SamplingMetadata:
         device = torch.device(device)
         prompts = _rows("prompt_token_ids", prompt_token_ids, batch, vocab_size)
         outputs = _rows("output_token_ids", output_token_ids, batch, vocab_size)
+        if output_lengths is None:
+            output_lengths = [len(o) for o in outputs]
+        elif output_token_ids is not None:
+            raise ValueError("pass output_token_ids or output_lengths, not both")
+        elif len(output_lengths) != batch:
+            raise ValueError(f"output_lengths has {len(output_lengths)} rows for a batch of {batch}")
 
         def floats(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
@@ -167,7 +177,7 @@ class SamplingMetadata:
             min_p=floats([p.min_p for p in params]),
             keys=row_keys(
                 longs([p.seed if p.seed is not None else fresh[i] for i, p in enumerate(params)]),
-                longs([len(o) for o in outputs]),
+                longs(list(output_lengths)),
             ),
             greedy_rows=longs(greedy),
             window_rows=longs(window),

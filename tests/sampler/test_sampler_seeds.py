@@ -88,3 +88,22 @@ def test_counter_based_uniforms_are_uniform_and_independent():
     keys = row_keys(big, torch.zeros(3, dtype=torch.long))
     assert torch.equal(uniform(keys, 0), uniform(keys.clone(), 0))
     assert len(set(keys.tolist())) == 3
+
+
+def test_output_lengths_place_seeded_rows_as_output_ids_do(device):
+    """Without penalties a caller may pass each row's output length instead of its ids: same stream positions."""
+    params = [SamplingParams(seed=5), SamplingParams(seed=5, top_k=40), SamplingParams(seed=8, top_p=0.7)]
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1), device="cpu").to(device) * 3
+    ids = [[1, 2, 3], [], [4] * 11]
+
+    def tokens(**history) -> list[int]:
+        metadata = SamplingMetadata.build(params, vocab_size=VOCAB, device=device, **history)
+        return Sampler()(logits.clone(), metadata).token_ids.tolist()
+
+    by_ids = tokens(output_token_ids=ids)
+    assert tokens(output_lengths=[len(r) for r in ids]) == by_ids
+    assert tokens(output_lengths=[0, 1, 2]) != by_ids  # the positions do matter
+    with pytest.raises(ValueError, match="not both"):
+        tokens(output_token_ids=ids, output_lengths=[3, 0, 11])
+    with pytest.raises(ValueError, match="rows for a batch"):
+        tokens(output_lengths=[3, 0])
