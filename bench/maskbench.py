@@ -71,7 +71,7 @@ class Adapter:
         if self.name == "constrain":
             import constrain
 
-            return constrain.compile(constrain.json_schema(schema, closed=self.closed), self.info)
+            return constrain.compile(constrain.json_schema(schema, mode="specification", closed=self.closed), self.info)
         if self.name == "xgrammar":
             return self.compiler.compile_json_schema(text)
         import llguidance

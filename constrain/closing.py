@@ -1,10 +1,13 @@
 """Guaranteed termination: the shortest way to finish from a matcher's state, and the budget that uses it.
 
 :func:`completion` finds a token sequence that takes a matcher from its current state to a complete
-match, short in tokens, by a best-first search over the grammar's continuations (the matcher's
-fork / forced text / single-character tokens): grammar-agnostic, so it serves JSON Schema, regexes,
-EBNF grammars and choices alike. Where the search runs out of nodes it falls back to a greedy
-closing (close strings and containers first, then the shortest values), which is an upper bound.
+match, short in tokens: a uniform-cost (Dijkstra) search over the grammar's continuations, where a
+move is the forced text (as tokens), any allowed token where the grammar allows at most
+:data:`FANOUT`, else any allowed single-character token. It is grammar-agnostic, so it serves JSON
+Schema, regexes, EBNF grammars and choices alike. States are told apart by a *signature* (the forced
+text and the next-token mask), which keeps optional whitespace and the choice of a value from
+multiplying the search; see :func:`completion` for how counted repetitions stay apart. A greedy
+closing (close strings and containers first, then the shortest values) gives the first upper bound.
 
 :class:`Budget` keeps every constrained request finishable within ``max_tokens``: once the tokens
 left come down to twice the closing length plus :data:`NEAR`, each sampled token is taken only if
@@ -19,27 +22,38 @@ the grammar's closing path is taken.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from constrain.errors import BudgetError
 from constrain.matcher import Matcher, allocate_token_bitmask
 from constrain.tokenizer import TokenizerInfo
 
-__all__ = ["NEAR", "Budget", "RepetitionGuard", "completion"]
+__all__ = ["FANOUT", "NEAR", "Budget", "RepetitionGuard", "completion"]
 
 NEAR = 24
 """:class:`Budget` checks every token once the tokens left are at most twice the closing length plus this."""
+
+FANOUT = 32
+""":func:`completion` takes every allowed token as a move where the grammar allows at most this many
+(structure, enum values, pattern characters), else only the single-character ones (free text)."""
 
 _PRIORITY = '"a}]),0123456789[{ntf:-.eE '
 """Greedy closing: the characters tried first: close a string, else fill it (``a`` is allowed only
 inside strings in JSON); close containers and numbers; then the shortest values. The search tries
 these first."""
+
+_STREAK = 8
+"""Greedy closing: after this many copies of one character in a row, look for an allowed character
+that changes the next mask (the ``@`` of an e-mail pattern), else go on."""
 
 Encode = Callable[[str], list[int]]
 
@@ -49,6 +63,38 @@ class _Vocab:
     char_tokens: dict[str, int]  # one-character texts (ASCII) -> their token id
     pieces: list[bytes]  # per token id, its bytes
     comma_pieces: list[tuple[int, str]]  # (id, text) of the tokens whose text holds a ","
+    # [32 * ceil(V / 32)] int64: per token id, its place in the search's move order; -1: never a move
+    # (special tokens, empty pieces, ids past the tokenizer)
+    rank: np.ndarray
+    char_ids: np.ndarray  # [C] int64: the single-character token ids, in move order
+    by_piece: dict[bytes, int]  # bytes -> the first token id (in move order) with them
+    sorted_pieces: list[bytes]  # the keys of ``by_piece``, sorted (to find the tokens that start with some bytes)
+    longest: int  # bytes in the longest piece
+
+    def cover(self, text: bytes, limit: int) -> tuple[list[int] | None, list[list[int]]]:
+        """The fewest tokens that spell ``text``, and up to ``limit`` token sequences that spell a prefix
+        of it and then one token that starts with the rest and runs past its end (fewest tokens first):
+        a shortest path over ``text``'s byte offsets."""
+        best: list[list[int] | None] = [None] * (len(text) + 1)
+        best[0] = []
+        runs_past: list[list[int]] = []
+        for start in range(len(text)):
+            path = best[start]
+            if path is None:
+                continue
+            for end in range(start + 1, min(len(text), start + self.longest) + 1):
+                token = self.by_piece.get(text[start:end])
+                if token is not None and (best[end] is None or len(path) + 1 < len(best[end] or ())):
+                    best[end] = [*path, token]
+            # the tokens that start with the rest: unless there are many (free text follows; a short rest
+            # such as '"' starts thousands of tokens in a large vocabulary)
+            rest = text[start:]
+            first = bisect.bisect_right(self.sorted_pieces, rest)  # after ``rest`` itself
+            last = bisect.bisect_left(self.sorted_pieces, rest + b"\xff" * self.longest, first)
+            if last - first <= 4 * limit:
+                runs_past += ([*path, self.by_piece[p]] for p in self.sorted_pieces[first:last] if p.startswith(rest))
+        runs_past.sort(key=lambda ids: (len(ids), len(self.pieces[ids[-1]])))
+        return best[-1], runs_past[:limit]
 
 
 _vocab_cache: dict[str, _Vocab] = {}
@@ -62,9 +108,10 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
         return found
     chars: dict[str, int] = {}
     commas: list[tuple[int, str]] = []
-    special = set(info.xgr_info.special_token_ids)
+    special = set(info.xgr_info.special_token_ids) | set(info.eos_token_ids)
     pieces = list(info.xgr_info.decoded_vocab)
-    for token_id, raw in enumerate(pieces):
+    rank = np.full(32 * ((info.vocab_size + 31) // 32), -1, dtype=np.int64)
+    for token_id, raw in enumerate(pieces[: info.vocab_size]):
         if token_id in special or not raw:
             continue
         text = raw.decode("utf-8", errors="replace")
@@ -72,7 +119,18 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
             chars[text] = token_id
         if "," in text:
             commas.append((token_id, text))
-    result = _Vocab(chars, pieces, commas)
+        rank[token_id] = 1_000 + token_id  # multi-character tokens after the characters, by id
+    for token_id in chars.values():
+        rank[token_id] = 128 + ord(pieces[token_id].decode())
+    for place, ch in enumerate(_PRIORITY):
+        if ch in chars:
+            rank[chars[ch]] = place
+    char_ids = np.array(sorted(chars.values(), key=lambda t: rank[t]), dtype=np.int64)
+    by_piece: dict[bytes, int] = {}
+    for token_id in np.argsort(rank, kind="stable").tolist():
+        if rank[token_id] >= 0:
+            by_piece.setdefault(pieces[token_id], token_id)
+    result = _Vocab(chars, pieces, commas, rank, char_ids, by_piece, sorted(by_piece), max(map(len, by_piece)))
     with _vocab_lock:
         _vocab_cache[info.fingerprint] = result
     return result
@@ -82,6 +140,14 @@ def _allowed_chars(matcher: Matcher, bitmask: torch.Tensor, chars: dict[str, int
     matcher.fill_next_token_bitmask(bitmask)
     words = bitmask[0].tolist()
     return [c for c, t in chars.items() if (words[t // 32] >> (t % 32)) & 1]
+
+
+def _bits(
+    # [1, ceil(V / 32)] int32, filled
+    bitmask: torch.Tensor,
+) -> np.ndarray:
+    """The mask as one flag per token id: ``[32 * ceil(V / 32)]`` uint8 (little-endian words)."""
+    return np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
 
 
 def _take_forced(probe: Matcher, text: str, encode: Encode, chars: dict[str, int]) -> list[int] | None:
@@ -101,37 +167,34 @@ def _take_forced(probe: Matcher, text: str, encode: Encode, chars: dict[str, int
     return ids
 
 
-def _children(
-    probe: Matcher, bitmask: torch.Tensor, encode: Encode, chars: dict[str, int]
-) -> list[tuple[list[int], Matcher]]:
-    """The continuations worth trying from ``probe``: its forced text, else each allowed character
-    (:data:`_PRIORITY` first)."""
-    forced = probe.forced_text()
-    if forced:
-        child = probe.fork()
-        ids = _take_forced(child, forced, encode, chars)
-        if ids:
-            return [(ids, child)]
-    allowed = _allowed_chars(probe, bitmask, chars)
-    picked = [c for c in _PRIORITY if c in allowed] + [c for c in allowed if c not in _PRIORITY]
-    out, seen = [], set()
-    for ch in picked:
-        child = probe.fork()
-        if not child.accept_token(chars[ch]):
-            continue
-        # siblings alike in their next mask (a free string's characters) are searched once
-        child.fill_next_token_bitmask(bitmask)
-        signature = (child.is_completed(), hash(bitmask[0].numpy().tobytes()))
-        if signature not in seen:
-            seen.add(signature)
-            out.append(([chars[ch]], child))
-    return out
+def _signature(probe: Matcher, bitmask: torch.Tensor) -> Signature:
+    """What ``probe`` allows next: its forced text and a hash of its next-token mask (fills ``bitmask``)."""
+    probe.fill_next_token_bitmask(bitmask)
+    return probe.forced_text(), hash(bitmask[0].numpy().tobytes())
 
 
-def _greedy(matcher: Matcher, encode: Encode, chars: dict[str, int], max_tokens: int) -> list[int] | None:
+def _escape(probe: Matcher, pick: int, bitmask: torch.Tensor, vocab: _Vocab) -> int | None:
+    """An allowed single-character token other than ``pick`` after which ``probe`` allows something
+    else than after ``pick``; accepted on ``probe`` when found. Changes ``probe`` only then."""
+    twin = probe.fork()
+    twin.accept_token(pick)
+    looping = _signature(twin, bitmask)
+    probe.fill_next_token_bitmask(bitmask)
+    allowed = vocab.char_ids[_bits(bitmask)[vocab.char_ids] == 1]
+    for token in allowed.tolist():
+        twin = probe.fork()
+        if token != pick and twin.accept_token(token) and _signature(twin, bitmask) != looping:
+            probe.accept_token(token)
+            return int(token)
+    return None
+
+
+def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) -> list[int] | None:
+    chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     priority = [chars[c] for c in _PRIORITY if c in chars]
     probe, out = matcher.fork(), list[int]()
+    streak = 0
     while len(out) <= max_tokens:
         if probe.is_completed():
             return out
@@ -139,7 +202,14 @@ def _greedy(matcher: Matcher, encode: Encode, chars: dict[str, int], max_tokens:
         ids = _take_forced(probe, forced, encode, chars) if forced else None
         if ids:
             out += ids
+            streak = 0
             continue
+        if streak >= _STREAK:  # the same character again and again: a free string, or a loop
+            escaped = _escape(probe, out[-1], bitmask, vocab)
+            streak = 0
+            if escaped is not None:
+                out.append(escaped)
+                continue
         # a rejected token leaves the state as it was: try the priority characters in turn
         pick = next((t for t in priority if probe.accept_token(t)), None)
         if pick is None:
@@ -147,8 +217,156 @@ def _greedy(matcher: Matcher, encode: Encode, chars: dict[str, int], max_tokens:
             if not allowed or not probe.accept_token(chars[min(allowed)]):
                 return None
             pick = chars[min(allowed)]
+        streak = streak + 1 if out and pick == out[-1] else 1
         out.append(pick)
     return None
+
+
+Signature = tuple[str, int]
+"""What a state allows next: its forced text and a hash of its next-token mask."""
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    """One state of the closing search: where ``ids`` lead from ``parent``."""
+
+    parent: _Node | None
+    ids: list[int]
+    cost: int  # tokens from the start
+    size: int  # bytes of text from the start
+    signature: Signature
+    key: tuple[Signature, int]  # what the search deduplicates by (see ``_Search._node``)
+    # once expanded: the matcher in this state, the signatures on the way here (this one included),
+    # and those of the children that leave this signature
+    probe: Matcher | None = None
+    seen: frozenset[Signature] = frozenset()
+    exits: frozenset[Signature] = frozenset()
+
+    def path(self) -> list[int]:
+        node: _Node | None = self
+        steps: list[list[int]] = []
+        while node is not None:
+            steps.append(node.ids)
+            node = node.parent
+        return [t for ids in reversed(steps) for t in ids]
+
+
+class _Search:
+    """The uniform-cost search of :func:`completion` (see there); one use.
+
+    A node's matcher is made (forked from its parent's) only when the node is expanded: a fork costs
+    time linear in the tokens accepted, so the moves out of a node are tried on its own matcher and
+    rolled back.
+    """
+
+    def __init__(self, matcher: Matcher, encode: Encode, vocab: _Vocab, fanout: int) -> None:
+        self.encode, self.vocab, self.fanout = encode, vocab, fanout
+        self.bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
+        self.settled: set[tuple[Signature, int]] = set()
+        self.queued: dict[tuple[Signature, int], int] = {}  # the cheapest cost queued per key
+        self.moves: dict[Signature, list[list[int]]] = {}  # per signature, the moves that mattered
+        self.root = matcher
+
+    def _node(self, parent: _Node | None, ids: list[int], probe: Matcher) -> _Node:
+        signature = _signature(probe, self.bitmask)
+        size = (parent.size if parent else 0) + sum(len(self.vocab.pieces[t]) for t in ids)
+        cost = (parent.cost if parent else 0) + len(ids)
+        # the first state of a signature on a path is one per signature, whatever the path (so
+        # whitespace and the choice of a value do not multiply the search); a later one (the next
+        # digit of \d{3}, the next array item, the next member's string) is kept apart by its length
+        repeat = parent is not None and signature in parent.seen
+        return _Node(parent, ids, cost, size, signature, (signature, size if repeat else -1))
+
+    def _moves(self, node: _Node, probe: Matcher) -> list[list[int]]:
+        """The moves out of ``node`` (see :func:`completion`), fewest tokens first."""
+        if node.signature in self.moves:  # met before on the way here: the moves that mattered then
+            return self.moves[node.signature]
+        forced = node.signature[0]
+        if forced:  # the fewest tokens that spell it, and those that spell it and run past it
+            exact, runs_past = self.vocab.cover(forced.encode(), self.fanout)
+            if exact is None:
+                chunk = _take_forced(probe, forced, self.encode, self.vocab.char_tokens)
+                if chunk:
+                    probe.rollback(len(chunk))
+                exact = chunk
+            return sorted(([exact] if exact else []) + runs_past, key=len)
+        probe.fill_next_token_bitmask(self.bitmask)
+        bits = _bits(self.bitmask)
+        allowed = np.flatnonzero(bits & (self.vocab.rank >= 0))
+        if len(allowed) > self.fanout:  # free text: its characters
+            chars = self.vocab.char_ids[bits[self.vocab.char_ids] == 1]
+            allowed = chars if len(chars) else allowed[: self.fanout]
+        allowed = allowed[np.argsort(self.vocab.rank[allowed], kind="stable")]
+        return [[int(t)] for t in allowed]
+
+    def _known(self, node: _Node) -> bool:
+        """Whether ``node``'s key was reached before, as cheaply."""
+        return node.key in self.settled or self.queued.get(node.key, node.cost + 1) <= node.cost
+
+    def _expand(self, node: _Node, bound: int) -> tuple[list[_Node], list[int] | None]:
+        """The children of ``node`` worth queueing (cheaper than ``bound``, one per signature and length),
+        and the cheapest completing path found among them."""
+        parent = node.parent
+        if node.probe is None:
+            assert parent is not None and parent.probe is not None
+            node.probe = parent.probe.fork()
+            node.probe.accept_tokens(node.ids)
+        probe = node.probe
+        node.seen = parent.seen | {node.signature} if parent else frozenset({node.signature})
+        looping = node.signature in self.moves
+        children: list[_Node] = []
+        useful: list[list[int]] = []
+        siblings: set[tuple[Signature, int]] = set()
+        goal: list[int] | None = None
+        for ids in self._moves(node, probe):
+            if node.cost + len(ids) >= bound:
+                continue
+            taken = probe.accept_tokens(ids)
+            if taken == len(ids):
+                if probe.is_completed():
+                    useful.append(ids)
+                    goal, bound = node.path() + ids, node.cost + len(ids)
+                else:
+                    child = self._node(node, ids, probe)
+                    if (child.signature, child.size) not in siblings:
+                        siblings.add((child.signature, child.size))
+                        useful.append(ids)
+                        children.append(child)
+            probe.rollback(taken)
+        if not looping:
+            self.moves[node.signature] = useful
+        node.exits = frozenset(c.signature for c in children if c.signature != node.signature)
+        if parent is not None and parent.signature == node.signature and node.exits == parent.exits:
+            # a repetition whose ways out are the same as one step before (the characters of a free
+            # string, the digits of a number): going on with it finds nothing new
+            children = [c for c in children if c.signature != node.signature]
+        return [c for c in children if not self._known(c)], goal
+
+    def run(self, bound: int, max_nodes: int, deadline: float) -> list[int] | None:
+        """The cheapest completing path costing less than ``bound`` tokens (None if none was found)."""
+        probe = self.root.fork()
+        if probe.is_completed():
+            return []
+        root = self._node(None, [], probe)
+        root.probe = probe
+        order = itertools.count()
+        heap: list[tuple[int, int, int, _Node]] = [(0, 0, next(order), root)]
+        best: list[int] | None = None
+        for _ in range(max_nodes):
+            if not heap or heap[0][0] + 1 >= bound or time.perf_counter() > deadline:
+                break
+            node = heapq.heappop(heap)[3]
+            if node.key in self.settled:
+                continue
+            self.settled.add(node.key)
+            children, goal = self._expand(node, bound)
+            if goal is not None:
+                best, bound = goal, len(goal)
+            for child in children:
+                if child.cost < bound:
+                    self.queued[child.key] = child.cost
+                    heapq.heappush(heap, (child.cost, -child.size, next(order), child))
+        return best
 
 
 def completion(
@@ -156,34 +374,34 @@ def completion(
     encode: Encode,
     *,
     max_tokens: int = 512,
-    max_nodes: int = 400,
+    max_nodes: int = 20_000,
+    max_seconds: float = 0.5,
+    fanout: int = FANOUT,
 ) -> list[int] | None:
     """A short token sequence that completes ``matcher``'s match; ``[]`` if already complete; None if none found.
 
-    Best-first (fewest tokens) over forced text and single-character tokens, ``max_nodes``
-    expansions (of the characters that lead to different next masks: inside a free string, one);
-    else the greedy closing. Both are bounded by ``max_tokens``, and the result is re-tokenized
-    by ``encode`` (a piece of text to ids, no special tokens) where that is shorter. Does not change
+    First the greedy closing (an upper bound), then a uniform-cost search for fewer tokens: at most
+    ``max_nodes`` expansions and ``max_seconds``; ``max_nodes=0`` gives the greedy closing alone.
+    Its moves from a state: the forced text (``encode``'s tokens), every allowed token where the
+    grammar allows at most ``fanout``, else every allowed single-character token (inside a free
+    string, every character). A state's signature is its forced text and next-token mask. States of
+    one signature are searched once, the cheapest (whitespace and values that lead to the same place
+    cost no more search), except a state whose signature was already met on the way to it (a counted
+    repetition such as ``[0-9]{3}``, a string's next character, the next array item): those are told
+    apart by their text length and expanded with the moves that mattered the first time. With exact
+    signatures the result is the fewest tokens; the signature is a stand-in for the grammar state,
+    which neither engine exposes, so in principle a shorter path can be missed (tests check the
+    minimum against brute force). The result is bounded by ``max_tokens`` and re-tokenized by
+    ``encode`` (a piece of text to ids, no special tokens) where that is shorter. Does not change
     ``matcher``.
     """
-    chars = _vocab(matcher.compiled.tokenizer).char_tokens
-    best = _greedy(matcher, encode, chars, max_tokens)
-    bound = len(best) if best is not None else max_tokens + 1
-    bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
-    order = itertools.count()
-    heap: list[tuple[int, int, list[int], Matcher]] = [(0, next(order), [], matcher.fork())]
-    for _ in range(max_nodes):
-        if not heap:
-            break
-        cost, _, path, probe = heapq.heappop(heap)
-        if cost >= bound:
-            break
-        if probe.is_completed():
-            best = path
-            break
-        for ids, child in _children(probe, bitmask, encode, chars):
-            if cost + len(ids) < bound:
-                heapq.heappush(heap, (cost + len(ids), next(order), path + ids, child))
+    vocab = _vocab(matcher.compiled.tokenizer)
+    best = _greedy(matcher, encode, vocab, max_tokens)
+    if max_nodes > 0 and best != []:
+        bound = len(best) if best is not None else max_tokens + 1
+        search = _Search(matcher, encode, vocab, fanout)
+        found = search.run(bound, max_nodes, time.perf_counter() + max_seconds)
+        best = found if found is not None else best
     return _retokenized(matcher, best, encode) if best else best
 
 

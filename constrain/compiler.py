@@ -21,8 +21,18 @@ import xgrammar as xgr
 
 from constrain import llg
 from constrain.cache import ByteLRU
-from constrain.constraints import MAX_WHITESPACE, Choice, Constraint, Grammar, JsonSchema, Regex, _engine_message
+from constrain.constraints import (
+    MAX_WHITESPACE,
+    SEPARATORS,
+    Choice,
+    Constraint,
+    Grammar,
+    JsonSchema,
+    Regex,
+    _engine_message,
+)
 from constrain.errors import CompileError
+from constrain.keys import may_repeat_keys
 from constrain.schema import CoverageEntry, prepare
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 
@@ -60,6 +70,7 @@ class CompiledConstraint:
     engine_schema: Any = None  # the schema as rewritten for the engine (JSON Schema only)
     llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
     llg_grammar_bytes: int = 0
+    unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.keys)
     # closing paths from the initial state, per max_tokens (filled by constrain.closing.Budget: every
     # request of this constraint starts there, and the search can take thousands of masks)
     initial_closings: dict[int, list[int] | None] = field(default_factory=dict, repr=False)
@@ -163,6 +174,12 @@ control characters through (invalid JSON): this is JSON's unescaped character. (
 alternation here makes xgrammar's masks 300x slower, 14 ms instead of 49 µs, measured.)"""
 
 
+_ANY_SEPARATOR = re.compile(r'^((?:basic_array_items|basic_object_properties) ::= \(\()", "', re.MULTILINE)
+"""xgrammar 0.2.8 writes the separator of untyped values (``{}``, an open object's extra values) as
+``", "`` whatever ``separators`` says, so compact output of ``{"type": "object"}`` rejected
+``{"a":[1,2]}`` where llguidance accepted it: compact means ``","`` there too."""
+
+
 def _open_extra_keys(ebnf: str) -> str | None:
     """The grammar with extra-key exclusion tries replaced by ``basic_string``, or None to keep it exact."""
     lines = ebnf.split("\n")
@@ -182,26 +199,28 @@ def _open_extra_keys(ebnf: str) -> str | None:
 @functools.lru_cache(maxsize=256)
 def _prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
     """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate)."""
-    return prepare(constraint.schema_value, lenient=constraint.lenient)
+    return prepare(constraint.schema_value, lenient=constraint.lenient, closed=constraint.closed)
 
 
 @functools.lru_cache(maxsize=64)
 def _json_schema_grammar(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...]]:
     """xgrammar's EBNF for a JSON schema constraint, and the coverage; pure, memoized."""
     engine_schema, coverage = _prepared(constraint)
-    compact = constraint.whitespace == "compact"
+    fixed = SEPARATORS.get(constraint.whitespace)
     ebnf = str(
         xgr.Grammar.from_json_schema(
             json.dumps(engine_schema, ensure_ascii=False),
-            any_whitespace=not compact,
-            separators=(",", ":") if compact else None,
-            strict_mode=constraint.closed,  # xgrammar's name: absent additionalProperties/items mean none
-            max_whitespace_cnt=None if compact else MAX_WHITESPACE[constraint.whitespace],
+            any_whitespace=fixed is None,
+            separators=fixed,
+            strict_mode=False,  # closing is written into the prepared schema, the same for both engines
+            max_whitespace_cnt=None if fixed else MAX_WHITESPACE[constraint.whitespace],
             any_order=constraint.property_order == "any",
         )
     )
     ebnf = _CHARACTERS_RULE.sub(lambda found: f"{found.group(1)} ::= {_JSON_CHARACTER}", ebnf)
-    opened = _open_extra_keys(ebnf)
+    if fixed is not None:
+        ebnf = _ANY_SEPARATOR.sub(rf'\1"{fixed[0]}"', ebnf)
+    opened = None if constraint.closed else _open_extra_keys(ebnf)  # closed: extra keys are declared, kept exact
     if opened is not None:
         ebnf = opened
         coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
@@ -214,7 +233,10 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
         if isinstance(constraint, JsonSchema):
             ebnf, coverage = _json_schema_grammar(constraint)
             grammar = compiler.compile_grammar(ebnf)
-            return CompiledConstraint(constraint, info, grammar, coverage, _prepared(constraint)[0])
+            prepared = _prepared(constraint)[0]
+            return CompiledConstraint(
+                constraint, info, grammar, coverage, prepared, unique_keys=_unique_keys(constraint, prepared)
+            )
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):
@@ -245,7 +267,14 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
         raise CompileError(f"llguidance could not compile the constraint: {err}") from err
     if template.is_error():
         raise CompileError(f"llguidance could not compile the constraint: {template.get_error()}")
-    return CompiledConstraint(constraint, info, None, coverage, engine_schema, template, len(text))
+    unique_keys = isinstance(constraint, JsonSchema) and _unique_keys(constraint, engine_schema)
+    return CompiledConstraint(
+        constraint, info, None, coverage, engine_schema, template, len(text), unique_keys=unique_keys
+    )
+
+
+def _unique_keys(constraint: JsonSchema, prepared: Any) -> bool:
+    return may_repeat_keys(prepared, any_order=constraint.property_order == "any")
 
 
 def _build_auto(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:

@@ -22,10 +22,12 @@ import grammars
 from constrain.errors import GrammarError, RegexError, SchemaError
 
 __all__ = [
+    "MODES",
     "Choice",
     "Constraint",
     "Grammar",
     "JsonSchema",
+    "Mode",
     "Regex",
     "Whitespace",
     "choice",
@@ -35,21 +37,44 @@ __all__ = [
     "regex",
 ]
 
-Whitespace = Literal["single", "pretty", "compact"]
-"""JSON whitespace policy, the number of whitespace characters allowed between two JSON tokens:
-``"single"`` at most one (``json.dumps`` output: ``{"a": [1, 2]}``); ``"pretty"`` up to
-``MAX_WHITESPACE`` (indented text); ``"compact"`` none (``{"a":[1,2]}``). Each bounds how
-long a small model can loop on spaces."""
+Whitespace = Literal["dumps", "compact", "single", "pretty"]
+"""JSON whitespace policy. Fixed formatting, nothing sampled: ``"dumps"`` exactly ``json.dumps``'s
+default separators, ``", "`` and ``": "`` and no other whitespace (``{"a": [1, 2]}``); ``"compact"``
+none (``{"a":[1,2]}``). Sampled, bounded: ``"single"`` at most one whitespace character between two
+JSON tokens; ``"pretty"`` up to ``MAX_WHITESPACE`` (indented text). Each bounds how long a small
+model can loop on spaces."""
 
-MAX_WHITESPACE = {"single": 1, "pretty": 16, "compact": 0}
+MAX_WHITESPACE = {"dumps": 0, "compact": 0, "single": 1, "pretty": 16}
+
+SEPARATORS = {"dumps": (", ", ": "), "compact": (",", ":")}
+"""The item and key separators of the fixed-formatting policies."""
 """Longest whitespace run per policy. ``"pretty"``'s 16 covers indented text 7 levels deep,
 at a cost: measured on 25 MaskBench schemas with SmolLM2's tokenizer, a bound of 16 makes
 the median mask 5x slower than a bound of 1 (8.1 vs 1.6 µs)."""
 
 
+Mode = Literal["generation", "specification"]
+"""How :func:`json_schema` reads what a schema leaves open (see :data:`MODES`)."""
+
+PropertyOrder = Literal["any", "schema"]
+
+MODES: dict[str, tuple[bool, PropertyOrder, Whitespace]] = {
+    "generation": (True, "schema", "dumps"),
+    "specification": (False, "any", "single"),
+}
+"""``(closed, property_order, whitespace)`` per mode.
+
+``"generation"`` (the default) is exactly the schema the user wrote and nothing the model may choose
+besides: objects closed unless the schema says what else may appear, keys in the schema's order,
+``json.dumps`` formatting (``", "`` and ``": "``), so keys, colons and commas are forced text.
+``"specification"`` follows JSON Schema to the letter (any key order, undeclared keys allowed, a
+space or newline between tokens): every valid JSON text of the schema, for validation-style use
+and MaskBench. Neither admits a duplicate key (see :mod:`constrain.keys`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class JsonSchema:
-    """A JSON Schema constraint (draft 2020-12).
+    """A JSON Schema constraint (draft 2020-12); build it with :func:`json_schema`.
 
     ``schema`` is the schema as compact JSON text (key order kept: it is the
     generation order under ``property_order="schema"``).
@@ -57,9 +82,9 @@ class JsonSchema:
 
     schema: str
     lenient: bool = False
-    whitespace: Whitespace = "single"
-    property_order: Literal["any", "schema"] = "any"
-    closed: bool = False
+    whitespace: Whitespace = "compact"
+    property_order: PropertyOrder = "schema"
+    closed: bool = True
     python_type: Any = field(default=None, compare=False, hash=False)  # the Pydantic model or type, if given
 
     @property
@@ -97,9 +122,10 @@ Constraint = JsonSchema | Regex | Grammar | Choice
 def json_schema(
     schema: Any,
     *,
+    mode: Mode = "generation",
     lenient: bool = False,
-    whitespace: Whitespace = "single",
-    property_order: Literal["any", "schema"] | None = None,
+    whitespace: Whitespace | None = None,
+    property_order: PropertyOrder | None = None,
     closed: bool | None = None,
 ) -> JsonSchema:
     """A JSON Schema constraint from a schema dict, JSON text, a Pydantic model class or a Python type.
@@ -110,31 +136,39 @@ def json_schema(
     Parameters
     ----------
     schema : dict, bool, str, Pydantic model class or Python type
+    mode : {"generation", "specification"}, default: "generation"
+        The defaults of the three options below (:data:`MODES`): generation decodes exactly what
+        the schema declares, in its order, formatted compactly; specification admits every valid
+        JSON text of the schema (MaskBench, validation-style use).
     lenient : bool, default: False
         Strict refuses keywords that can be neither enforced nor checked
         (:class:`~constrain.errors.UnsupportedSchemaError`); lenient approximates
         them and reports it in ``compiled.coverage``.
-    whitespace : {"single", "pretty", "compact"}, default: "single"
-        See :data:`Whitespace`.
-    property_order : {"any", "schema"} or None, default: None ("schema" for Python types, else "any")
-        ``"any"`` accepts object properties in any order (every valid JSON
-        text; the engine then also admits a key twice, which ``validate``
-        reports); ``"schema"`` only in the schema's order, which forces keys
-        during generation and never repeats one.
-    closed : bool or None, default: None (True for Python types, False for schemas)
-        ``False`` follows the specification: an object without
-        ``additionalProperties`` accepts other keys (any value), an array
-        without ``items`` any further items. ``True`` closes them, as OpenAI's
-        strict mode does: the grammar compiles 10-20x faster and a model cannot
-        wander into keys nobody asked for. A Python type's schema describes
-        exactly the fields it reads (unless a Pydantic model allows extras).
+    whitespace : {"dumps", "compact", "single", "pretty"} or None, default: None (the mode's)
+        See :data:`Whitespace`. ``"dumps"`` and ``"compact"`` fix the formatting, so nothing between
+        two values is sampled; the others let the model choose whitespace at every JSON boundary.
+    property_order : {"schema", "any"} or None, default: None (the mode's)
+        ``"schema"``: declared keys only in the schema's order, which forces them during generation;
+        ``"any"``: in any order (every valid JSON text).
+    closed : bool or None, default: None (the mode's; a Pydantic model with ``extra="allow"`` is open)
+        ``True`` closes every object that declares ``properties`` (or ``required``) and says
+        nothing of other keys: no ``additionalProperties``, ``patternProperties``,
+        ``unevaluatedProperties``, ``dependentSchemas`` or ``if``; and every array with
+        ``prefixItems`` and no ``items``. As OpenAI's strict mode, xgrammar's ``strict_mode``,
+        Outlines and llama.cpp do. An object or array the schema describes not at all
+        (``{"type": "object"}``) stays any object or array. ``False`` follows the specification:
+        undeclared keys are allowed with any value.
 
     Raises
     ------
     SchemaError
         Malformed JSON text, or a schema that breaks the draft 2020-12 metaschema
         (the message names the JSON pointer).
+    ValueError
+        An unknown mode, whitespace policy or property order.
     """
+    if mode not in MODES:
+        raise ValueError(f'mode must be "generation" or "specification", got {mode!r}')
     python_type = None
     if isinstance(schema, str):
         try:
@@ -152,14 +186,15 @@ def json_schema(
     except (TypeError, ValueError) as err:
         raise SchemaError(f"the schema is not JSON: {err}") from err
     _check_schema(text)
+    default_closed, default_order, default_whitespace = MODES[mode]
+    whitespace = default_whitespace if whitespace is None else whitespace
+    property_order = default_order if property_order is None else property_order
     if whitespace not in MAX_WHITESPACE:
-        raise ValueError(f'whitespace must be "single", "pretty" or "compact", got {whitespace!r}')
-    if property_order is None:
-        property_order = "schema" if python_type is not None else "any"
+        raise ValueError(f'whitespace must be "dumps", "compact", "single" or "pretty", got {whitespace!r}')
     if property_order not in ("any", "schema"):
-        raise ValueError(f'property_order must be "any" or "schema", got {property_order!r}')
+        raise ValueError(f'property_order must be "schema" or "any", got {property_order!r}')
     if closed is None:
-        closed = python_type is not None and getattr(python_type, "model_config", {}).get("extra") != "allow"
+        closed = default_closed and getattr(python_type, "model_config", {}).get("extra") != "allow"
     return JsonSchema(text, lenient, whitespace, property_order, closed, python_type)
 
 
@@ -209,8 +244,8 @@ def _schema_of_type(tp: Any) -> Any:
         raise SchemaError(f"cannot derive a JSON Schema from {tp!r}: {err}") from err
 
 
-def json_object(*, whitespace: Whitespace = "single") -> JsonSchema:
-    """Any JSON object."""
+def json_object(*, whitespace: Whitespace = "dumps") -> JsonSchema:
+    """Any JSON object (no duplicate keys)."""
     return json_schema({"type": "object"}, whitespace=whitespace)
 
 

@@ -39,9 +39,8 @@ def _constraint(
     if sum(given) > 1:
         raise ValueError("pass at most one of schema=, regex=, grammar=, choices=, constraint=")
     if schema is not None:
-        # Generation takes keys in the schema's order: forced, never repeated (pass a
-        # json_schema(..., property_order="any") constraint to let the model choose).
-        return schema if isinstance(schema, JsonSchema) else json_schema(schema, property_order="schema")
+        # generation mode: closed objects, keys in the schema's order, compact formatting (json_schema's docs)
+        return schema if isinstance(schema, JsonSchema) else json_schema(schema)
     if regex_ is not None:
         return regex(regex_)
     if grammar_ is not None:

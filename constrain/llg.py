@@ -23,7 +23,7 @@ from typing import Any
 import llguidance
 import torch
 
-from constrain.constraints import MAX_WHITESPACE, JsonSchema, Regex
+from constrain.constraints import MAX_WHITESPACE, SEPARATORS, JsonSchema, Regex
 from constrain.schema import CoverageEntry
 
 __all__ = ["UNKNOWN_FORMATS", "LlgState", "fill_next_token_bitmasks", "grammar_for", "llguidance_schema"]
@@ -85,7 +85,8 @@ def grammar_for(constraint: JsonSchema | Regex, engine_schema: Any = None) -> st
     if isinstance(constraint, Regex):
         return str(llguidance.LLMatcher.grammar_from_regex(constraint.pattern))
     options: dict[str, Any] = {"item_separator": ",", "key_separator": ":", "json_allow_general_unicode_escapes": True}
-    if constraint.whitespace == "compact":
+    if constraint.whitespace in SEPARATORS:
+        options["item_separator"], options["key_separator"] = SEPARATORS[constraint.whitespace]
         options["whitespace_flexible"] = False
     else:
         options["whitespace_flexible"] = True

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,10 +34,29 @@ from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
-__all__ = ["DecodeLoop", "InFlight", "PrefixCache", "resolve_proposer", "run"]
+__all__ = ["DecodeLoop", "InFlight", "MaskFilter", "PrefixCache", "resolve_proposer", "run"]
 
 GUARD_WINDOW = 4096
 """Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
+
+
+class MaskFilter(Protocol):
+    """A constraint's own filter of one request's masks, applied after the grammar's (and the repetition
+    guard's): a constraint offers one with a ``mask_filter(tokenizer_info)`` method, such as the
+    grammar of a reply with tools (:class:`~constrain.tools.ToolGrammar`, which forbids repeating a call).
+    """
+
+    def feed(self, text: str) -> None:
+        """Take the next piece of the request's text (before stop strings hold any back)."""
+
+    def apply(
+        self,
+        matcher: Matcher,
+        text: str,
+        # [ceil(V / 32)] int32 on the CPU: the mask ``matcher`` filled; updated in place
+        row: torch.Tensor,
+    ) -> bool:
+        """Clear tokens from ``row`` (never all); ``matcher`` is at the text fed plus ``text`` (drafts)."""
 
 
 @dataclass(eq=False)
@@ -59,6 +78,7 @@ class InFlight:
     matcher: Matcher | None = None
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
+    mask_filter: MaskFilter | None = None  # the constraint's own (tools: RepeatedCallFilter)
     generated: str = ""  # the last GUARD_WINDOW characters, before stop strings hold any back
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -76,6 +96,9 @@ class InFlight:
             self.budget = Budget(self.matcher, self.encode, self.max_tokens, initial=True)  # BudgetError: up front
         if self.repetition_guard:
             self.guard = RepetitionGuard(self.compiled.tokenizer)
+        make_filter = getattr(self.compiled.constraint, "mask_filter", None)  # a tools grammar's
+        if make_filter is not None:
+            self.mask_filter = make_filter(self.compiled.tokenizer)
 
     def _emit(self, text: str, token_ids: list[int]) -> None:
         self.text += text
@@ -118,6 +141,8 @@ class InFlight:
         piece = self.detok.add(token)
         if self.guard is not None:
             self.generated = (self.generated + piece)[-GUARD_WINDOW:]
+        if self.mask_filter is not None:
+            self.mask_filter.feed(piece)
         update = self.stop.feed(piece)
         self._emit(update.text, [token])
         if update.stopped:
@@ -228,10 +253,12 @@ def _masks(
     decode: Callable[[list[int]], str],
 ) -> tuple[list[int], torch.Tensor | None]:  # (constrained slots, [c, ceil(V / 32)] int32 on the CPU)
     """The bitmasks of every constrained slot: slot ``(i, j)`` is row ``i`` after its first ``j`` drafts
-    (slots numbered row by row), repetition guard applied. Changes no matcher (drafts go to forks)."""
+    (slots numbered row by row), repetition guard and mask filter applied. Changes no matcher (drafts
+    go to forks)."""
     matchers: list[Matcher] = []
     slots: list[int] = []
     guarded: list[tuple[int, RepetitionGuard, str]] = []  # (mask row, the row's guard, its recent text)
+    filtered: list[tuple[int, MaskFilter, str]] = []  # (mask row, the row's filter, its drafts' text)
     slot = 0
     for i, r in enumerate(active):
         state = r.matcher
@@ -242,6 +269,8 @@ def _masks(
                     state.accept_token(drafts[i][j - 1])
                 if r.guard is not None:
                     guarded.append((len(matchers), r.guard, r.generated + decode(drafts[i][:j]) if j else r.generated))
+                if r.mask_filter is not None:
+                    filtered.append((len(matchers), r.mask_filter, decode(drafts[i][:j]) if j else ""))
                 matchers.append(state)
                 slots.append(slot)
             slot += 1
@@ -251,6 +280,8 @@ def _masks(
     fill_next_token_bitmasks(matchers, bitmask)
     for k, guard, text in guarded:
         guard.apply(text, bitmask[k])
+    for k, mask_filter, text in filtered:
+        mask_filter.apply(matchers[k], text, bitmask[k])
     return slots, bitmask
 
 

@@ -19,6 +19,7 @@ import torch
 import xgrammar as xgr
 
 from constrain import llg
+from constrain.keys import KeyState
 from constrain.llg import LlgState
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ class Matcher:
     """The grammar state of one request. Cheap to create; not thread-safe (one request, one thread).
 
     EOS ids are allowed exactly when the grammar can end, and accepting one
-    terminates the matcher.
+    terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
+    a :class:`~constrain.keys.KeyState` per accepted token masks out and refuses any token that
+    would complete a key its object already has.
     """
 
     def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
@@ -59,6 +62,8 @@ class Matcher:
             info = compiled.tokenizer
             self._engine = LlgState(compiled.llg_template.deep_copy(), info.llg_tokenizer(), info.eos_token_ids)
         self.num_accepted = 0
+        # the key scanner after each accepted token, the initial state first (None: no key guard)
+        self._keys: list[KeyState] | None = [KeyState.initial(compiled.tokenizer)] if compiled.unique_keys else None
 
     def fill_next_token_bitmask(
         self,
@@ -73,13 +78,26 @@ class Matcher:
         """
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
-        return bool(self._engine.fill_next_token_bitmask(bitmask, index))
+        restricts = bool(self._engine.fill_next_token_bitmask(bitmask, index))
+        if self._keys is not None:
+            self._keys[-1].forbid_duplicates(bitmask[index])
+        return restricts or self._keys is not None
 
     def accept_token(self, token_id: int) -> bool:
-        """Advance by one token; ``False`` (state unchanged) if the grammar rejects it."""
-        accepted = bool(self._engine.accept_token(int(token_id)))
-        self.num_accepted += accepted
-        return accepted
+        """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would
+        complete a duplicate key."""
+        token_id = int(token_id)
+        keys = None
+        if self._keys is not None and token_id < self.compiled.vocab_size:
+            keys = self._keys[-1].advance(token_id)
+            if keys is None:
+                return False
+        if not self._engine.accept_token(token_id):
+            return False
+        if self._keys is not None:
+            self._keys.append(keys or self._keys[-1])  # an id past the tokenizer's (padding) holds no text
+        self.num_accepted += 1
+        return True
 
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         """Advance token by token; return how many were accepted before the first rejection."""
@@ -89,8 +107,15 @@ class Matcher:
         return len(token_ids)
 
     def accept_string(self, text: str) -> bool:
-        """Advance by raw text (for forced text); ``False`` (state unchanged) if rejected."""
-        return bool(self._engine.accept_string(text))
+        """Advance by raw text (validation); ``False`` (state unchanged) if rejected. Cannot be rolled back."""
+        keys = None if self._keys is None else self._keys[-1].advance_bytes(text.encode("utf-8"))
+        if self._keys is not None and keys is None:
+            return False
+        if not self._engine.accept_string(text):
+            return False
+        if self._keys is not None and keys is not None:
+            self._keys[-1] = keys
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
@@ -98,6 +123,8 @@ class Matcher:
             raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
         self._engine.rollback(num_tokens)
         self.num_accepted -= num_tokens
+        if self._keys is not None and num_tokens:
+            del self._keys[-num_tokens:]
 
     def is_terminated(self) -> bool:
         """True once an EOS token was accepted."""
@@ -131,6 +158,8 @@ class Matcher:
         """Back to the initial state."""
         self._engine.reset()
         self.num_accepted = 0
+        if self._keys is not None:
+            del self._keys[1:]
 
     def fork(self) -> Matcher:
         """An independent copy of this matcher, in the same state."""
@@ -139,6 +168,7 @@ class Matcher:
         twin._max_rollback = self._max_rollback
         twin._engine = self._engine.fork()
         twin.num_accepted = self.num_accepted
+        twin._keys = None if self._keys is None else list(self._keys)
         return twin
 
 
@@ -166,3 +196,6 @@ def fill_next_token_bitmasks(
         _batch.batch_fill_next_token_bitmask([m for m, _ in by_xgr], bitmask, [row for _, row in by_xgr])
     if by_llg:
         llg.fill_next_token_bitmasks([m for m, _ in by_llg], bitmask, [row for _, row in by_llg])
+    for matcher, row in zip(matchers, rows, strict=True):
+        if matcher._keys is not None:
+            matcher._keys[-1].forbid_duplicates(bitmask[row])

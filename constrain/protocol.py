@@ -14,6 +14,13 @@ Decisions, where OpenAI's API leaves room:
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
 - A result that breaks its constraint (which only a lenient schema allows) carries ``violations`` in
   its choice; a grammar dead end ends the choice with ``finish_reason: "error"``.
+- A result the termination budget closed (the Python API's ``finish_reason="length"`` with
+  ``closed_early``) that is complete and valid, its tool calls included, finishes with ``"stop"``
+  (``"tool_calls"`` after calls): clients (the openai SDK's ``parse``, instructor, LangChain) take
+  ``"length"`` for a truncated object and drop it. The choice then carries ``"closed_early": true``
+  and ``"forced_tokens"`` (the tokens the closing path replaced), in whole responses and in the last
+  chunk of a stream, chat and completions alike. A result that is not complete and valid keeps
+  ``"length"`` (with those two fields where the budget acted).
 """
 
 from __future__ import annotations
@@ -30,9 +37,9 @@ from constrain.constraints import json_object, json_schema
 from constrain.generate import DEFAULT_MAX_TOKENS, Request
 from constrain.models import ModelHandle
 from constrain.results import GenerationResult
-from constrain.tools import ToolCallDelta, ToolCalling, tool_call_json, tool_calling
+from constrain.tools import ParsedReply, ToolCallDelta, ToolCalling, finish_reason, tool_call_json, tool_calling
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests", "finish_fields"]
 
 
 class _Body(BaseModel):
@@ -171,7 +178,7 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
         if fmt.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema")
         schema = fmt.json_schema.schema_
-        constraint["schema"] = json_schema(schema, lenient=not fmt.json_schema.strict, property_order="schema")
+        constraint["schema"] = json_schema(schema, lenient=not fmt.json_schema.strict)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return body.request(prompt, body.max_completion_tokens or body.max_tokens, logprobs, **constraint), tools
 
@@ -226,6 +233,19 @@ def delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     if delta.name is not None:
         return {"index": delta.index, **tool_call_json(delta.id or "", delta.name, delta.arguments)}
     return {"index": delta.index, "function": {"arguments": delta.arguments}}
+
+
+def finish_fields(result: GenerationResult, reply: ParsedReply | None) -> dict[str, Any]:
+    """A choice's ``finish_reason`` (:func:`constrain.tools.finish_reason`), except that a result the
+    budget closed that is complete and valid (``reply`` too) finishes with ``"stop"`` or, after calls,
+    ``"tool_calls"``; with ``closed_early`` and ``forced_tokens`` whenever the budget closed it (see the
+    module docstring)."""
+    reason = finish_reason(result, reply)
+    if not result.closed_early:
+        return {"finish_reason": reason}
+    if result.valid and (reply is None or reply.valid):
+        reason = "tool_calls" if reply is not None and reply.tool_calls else "stop"
+    return {"finish_reason": reason, "closed_early": True, "forced_tokens": result.forced_tokens}
 
 
 def usage_json(prompt: int, results: list[GenerationResult]) -> dict[str, int]:

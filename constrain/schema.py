@@ -90,9 +90,10 @@ class CoverageEntry:
 
 
 class _Preparer:
-    def __init__(self, root: Any, lenient: bool) -> None:
+    def __init__(self, root: Any, lenient: bool, closed: bool) -> None:
         self.root = root
         self.lenient = lenient
+        self.closed = closed
         self.coverage: dict[tuple[str, str], CoverageEntry] = {}  # the last word on each keyword wins
         self.aliases: dict[str, str] = {}  # $ref -> name under the root's $defs
         self.alias_defs: dict[str, Any] = {}
@@ -137,6 +138,7 @@ class _Preparer:
         if "$ref" in node:
             self.reference(node, out, pointer)
         inlined: list[str] = []
+        says_open = _says_what_else(node)  # before allOf merges, which drop additionalProperties
         if "allOf" in node:
             node, inlined = self.merge_all_of(node, pointer)
         self._expanding.extend(inlined)  # a recursive allOf must not inline these again below
@@ -149,6 +151,8 @@ class _Preparer:
         finally:
             del self._expanding[len(self._expanding) - len(inlined) :]
         self.loosen_for_checked(node, out, pointer)
+        if self.closed and not says_open:
+            self.close(node, out, pointer)
         self.integer_bounds(out, pointer)
         if ("pattern" in out or "format" in out) and ("minLength" in out or "maxLength" in out):
             for key in ("minLength", "maxLength"):  # the engine drops lengths beside a pattern or format
@@ -427,6 +431,24 @@ class _Preparer:
         if "unevaluatedItems" in node and out.get("items") is False:
             out.pop("items")
 
+    def close(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        """Closed mode: an object that declares its keys takes no others; a tuple takes no further items.
+
+        A required key that ``properties`` does not describe becomes a property of any value (closing
+        must not make the schema unsatisfiable).
+        """
+        if "properties" in out:  # a branch that only lists required keys is left open: its siblings describe them
+            props = out["properties"]
+            described = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            for name in out.get("required", ()):
+                if isinstance(name, str) and name not in described:
+                    props.setdefault(name, {})
+            out["additionalProperties"] = False
+            self.mark(pointer, "additionalProperties", "enforced", "closed: no keys beyond those declared")
+        if "prefixItems" in out and "items" not in out:
+            out["items"] = False
+            self.mark(pointer, "items", "enforced", "closed: no items beyond prefixItems")
+
     def integer_bounds(self, out: dict[str, Any], pointer: str) -> None:
         """The engine wants whole numbers: counts written ``2.0`` become ``2``; integer bounds round inward."""
         for key in _COUNTS:
@@ -442,6 +464,20 @@ class _Preparer:
                 out["minimum" if up else "maximum"] = rounded
             elif isinstance(value, float):
                 out[key] = int(value)
+
+
+_SAYS_WHAT_ELSE = (
+    "additionalProperties", "patternProperties", "unevaluatedProperties", "dependentSchemas", "dependencies",
+    "if", "items", "unevaluatedItems",
+)  # fmt: skip
+"""Keywords by which a schema says what else an object or array may hold: closed mode leaves such a
+node as the schema has it."""
+
+
+def _says_what_else(node: dict[str, Any]) -> bool:
+    """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
+    branches = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+    return any(isinstance(n, dict) and any(k in n for k in _SAYS_WHAT_ELSE) for n in [node, *branches])
 
 
 _SIMPLE_REF = re.compile(r"#/(\$defs|definitions)/[A-Za-z0-9_.-]+")
@@ -599,8 +635,11 @@ def _merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
     return exact
 
 
-def prepare(schema: Any, *, lenient: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
+def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, tuple[CoverageEntry, ...]]:
     """Return ``(schema for the engine, coverage)``; see the module docstring.
+
+    ``closed``: objects that declare their keys take no others, tuples no further items (see
+    :func:`constrain.json_schema`); written into the schema, so both engines read it alike.
 
     Raises
     ------
@@ -609,7 +648,7 @@ def prepare(schema: Any, *, lenient: bool) -> tuple[Any, tuple[CoverageEntry, ..
     UnsupportedSchemaError
         Strict mode, and a keyword that can be neither enforced nor checked.
     """
-    preparer = _Preparer(schema, lenient)
+    preparer = _Preparer(schema, lenient, closed)
     if schema is False:
         raise UnsupportedSchemaError("false", "", "the schema `false` accepts no value")
     prepared = preparer.schema(schema, "")

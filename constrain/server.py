@@ -41,11 +41,12 @@ from constrain.protocol import (
     completion_requests,
     delta_json,
     envelope,
+    finish_fields,
     new_id,
     usage_json,
 )
 from constrain.results import GenerationResult, StreamEvent
-from constrain.tools import ToolCalling, finish_reason, tool_call_json
+from constrain.tools import ToolCalling, tool_call_json
 
 __all__ = ["create_app", "serve"]
 
@@ -212,7 +213,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             scores = None
             if body.logprobs is not None:
                 scores = completion_logprobs(handle, r.token_ids, r.logprobs or [], r.top_logprobs or [])
-            choice = {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": scores}
+            choice = {"index": i, "text": r.text, **finish_fields(r, None), "logprobs": scores}
             choices.append(_with_violations(choice, r.violations))
         return envelope("text_completion", rid, model_name, choices, usage=usage_json(prompt_tokens, results))
 
@@ -237,7 +238,7 @@ def _chat_choice(
     scores = (
         chat_logprobs(handle, result.token_ids, result.logprobs or [], result.top_logprobs or []) if logprobs else None
     )
-    choice = {"index": index, "message": message, "finish_reason": finish_reason(result, reply), "logprobs": scores}
+    choice = {"index": index, "message": message, **finish_fields(result, reply), "logprobs": scores}
     return _with_violations(choice, violations)
 
 
@@ -247,8 +248,8 @@ async def _chat_stream(
     parsers = [tools.parser() if tools is not None else None for _ in submission.requests]
     results: list[GenerationResult] = []
 
-    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, scores: Any = None) -> str:
-        choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": scores}
+    def chunk(index: int, delta: dict[str, Any], finish: dict[str, Any] | None = None, scores: Any = None) -> str:
+        choice = {"index": index, "delta": delta, **(finish or {"finish_reason": None}), "logprobs": scores}
         return _sse(envelope("chat.completion.chunk", rid, handle.name, [choice]))
 
     for i in range(len(submission.requests)):
@@ -271,7 +272,7 @@ async def _chat_stream(
             if rest.content or rest.tool_calls:
                 yield chunk(i, {"content": rest.content, "tool_calls": [delta_json(d) for d in rest.tool_calls]})
             reply = parser.result()
-        yield chunk(i, {}, finish_reason(item, reply))
+        yield chunk(i, {}, finish_fields(item, reply))
     if body.stream_options is not None and body.stream_options.include_usage:
         usage = usage_json(len(submission.requests[0].prompt_ids), results)
         yield _sse(envelope("chat.completion.chunk", rid, handle.name, [], usage=usage))
@@ -282,8 +283,8 @@ async def _completion_stream(
 ) -> AsyncGenerator[str, None]:
     results: list[GenerationResult] = []
 
-    def chunk(index: int, text: str, reason: str | None = None, scores: Any = None) -> str:
-        choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": scores}
+    def chunk(index: int, text: str, finish: dict[str, Any] | None = None, scores: Any = None) -> str:
+        choice = {"index": index, "text": text, **(finish or {"finish_reason": None}), "logprobs": scores}
         return _sse(envelope("text_completion", rid, handle.name, [choice]))
 
     async for i, item, scores in submission.items():
@@ -293,7 +294,7 @@ async def _completion_stream(
                 yield chunk(i, item.delta, scores=lp)
         else:
             results.append(item)
-            yield chunk(i, "", item.finish_reason)
+            yield chunk(i, "", finish_fields(item, None))
     if body.stream_options is not None and body.stream_options.include_usage:
         yield _sse(envelope("text_completion", rid, handle.name, [], usage=usage_json(prompt_tokens, results)))
 

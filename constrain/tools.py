@@ -5,8 +5,9 @@ everything a caller (:func:`chat`, a server) needs follows from it:
 
 1. ``prompt(model, messages)``: the prompt text, tools included: the chat template's own rendering
    when the template takes ``tools``, else a system message (:data:`FALLBACK_INSTRUCTIONS`);
-2. ``constraint()``: the grammar of the reply, a :class:`~constrain.constraints.Grammar` (None for
-   ``tool_choice="none"`` or no tools), passed to ``generate(..., constraint=...)``;
+2. ``constraint()``: the grammar of the reply, a :class:`ToolGrammar` (None for ``tool_choice="none"``
+   or no tools), passed to ``generate(..., constraint=...)``; where several calls may come, it also
+   gives each request a mask filter that forbids repeating a call (:mod:`constrain.repeats`);
 3. ``parser()``: a :class:`ToolCallParser` fed the text as it streams, giving OpenAI-style deltas
    (a call's name first, then its arguments' JSON text in chunks), or ``parse(text)`` at once.
 
@@ -19,6 +20,7 @@ tool's JSON Schema through the same strict preparation as ``json_schema()`` cons
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -39,7 +41,9 @@ from constrain.constraints import Grammar, JsonSchema, grammar, json_schema
 from constrain.errors import ConstraintError, ToolError
 from constrain.generate import generate
 from constrain.models import ModelHandle, load_model
+from constrain.repeats import RepeatedCallFilter
 from constrain.results import FinishReason, GenerationResult
+from constrain.tokenizer import TokenizerInfo
 from constrain.validate import parse_json, schema_violations
 
 __all__ = [
@@ -56,6 +60,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCalling",
     "ToolFormat",
+    "ToolGrammar",
     "chat",
     "finish_reason",
     "tool",
@@ -226,7 +231,7 @@ def tool(source: Any, *, name: str | None = None, description: str | None = None
     if schema.get("type", "object") != "object":
         raise ToolError(label, 'the arguments are a JSON object: "parameters" must have "type": "object"')
     try:
-        constraint = json_schema(schema, closed=True, property_order="schema")
+        constraint = json_schema(schema)  # generation mode: closed, in schema order, json.dumps formatting
         _json_schema_grammar(constraint)  # strict-mode refusals and dangling $refs surface here, not at compile
     except (ConstraintError, RuntimeError) as err:
         raise ToolError(label, f"bad parameters: {err}") from err
@@ -323,13 +328,21 @@ class ToolCalling:
             return self.tools
         return tuple(t for t in self.tools if t.name == self.choice)
 
-    def constraint(self) -> Grammar | None:
+    @property
+    def multiple(self) -> bool:
+        """Whether a reply may hold more than one call: ``parallel`` with "auto" or "required". A named
+        tool is called exactly once, whatever ``parallel`` says (as OpenAI and vLLM answer)."""
+        return self.parallel and self.choice in MODES
+
+    def constraint(self) -> ToolGrammar | None:
         """The grammar of the reply (cached), or None when no tool may be called.
 
         "auto": free text without the format's trigger, then optionally the calls, which end the
-        reply; "required" and a named tool: the calls alone. ``parallel``: one or more calls, else
-        exactly one. Arguments follow each tool's schema, with JSON whitespace bounded as in
-        ``json_schema()`` constraints (``"single"``); the text around them is fixed by the format.
+        reply; "required": the calls alone; a named tool: exactly one call of it. ``parallel``: one
+        or more calls, else exactly one. Arguments follow each tool's schema as ``json_schema()``
+        constraints do; the text around them is fixed by the format. Where several calls may come,
+        the grammar carries a per-request filter that forbids repeating a call
+        (:class:`~constrain.repeats.RepeatedCallFilter`).
         """
         return _grammar(self) if self.callable_tools else None
 
@@ -362,7 +375,7 @@ class ToolCalling:
             return str(text)
         converted = [self._fallback_message(m) for m in messages]
         if definitions:
-            example = [("tool_name", '{"argument": "value"}'), ("other_tool", "{}")][: 2 if self.parallel else 1]
+            example = [("tool_name", '{"argument": "value"}'), ("other_tool", "{}")][: 2 if self.multiple else 1]
             instructions = FALLBACK_INSTRUCTIONS.format(
                 tools=json.dumps(definitions, ensure_ascii=False),
                 policy=_POLICIES.get(self.choice, f"You must call the tool {self.choice!r}."),
@@ -400,8 +413,28 @@ class ToolCalling:
         return parser.result()
 
 
+@dataclass(frozen=True, slots=True)
+class ToolGrammar(Grammar):
+    """The grammar of a reply with tools (:meth:`ToolCalling.constraint`): a :class:`Grammar` everywhere
+    (compiled, validated, served the same), which also gives each request its repeated-call filter.
+
+    ``calling`` is the request that built it. It is not compared: requests whose grammars are equal
+    share one compiled constraint, and the filter reads only what the grammar fixes (the format, the
+    tool names, "auto" or not).
+    """
+
+    calling: ToolCalling | None = field(default=None, compare=False, repr=False)
+
+    def mask_filter(self, tokenizer: TokenizerInfo) -> RepeatedCallFilter | None:
+        """A fresh :class:`~constrain.repeats.RepeatedCallFilter` for one request (the decode loop asks
+        every constraint that has this method), or None where at most one call may come."""
+        if self.calling is None or not self.calling.multiple:
+            return None
+        return RepeatedCallFilter(self.calling.parser(), tokenizer)
+
+
 @functools.lru_cache(maxsize=256)
-def _grammar(spec: ToolCalling) -> Grammar:
+def _grammar(spec: ToolCalling) -> ToolGrammar:
     """The grammar of :meth:`ToolCalling.constraint`: an xgrammar structural tag, printed as EBNF."""
     one_call = st.OrFormat(
         elements=[
@@ -417,12 +450,13 @@ def _grammar(spec: ToolCalling) -> Grammar:
     )
     fmt = spec.format
     more = st.SequenceFormat(elements=[st.ConstStringFormat(value=fmt.separator + CALL_OPEN), one_call])
-    content = st.SequenceFormat(elements=[one_call, st.StarFormat(content=more)]) if spec.parallel else one_call
+    content = st.SequenceFormat(elements=[one_call, st.StarFormat(content=more)]) if spec.multiple else one_call
     calls = st.TagFormat(begin=fmt.begin + CALL_OPEN, content=content, end=fmt.end)
     root: st.Format = calls
     if spec.choice == "auto":
         root = st.TriggeredTagsFormat(triggers=[fmt.trigger], tags=[calls], stop_after_first=True)
-    return grammar(str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=root))))
+    checked = grammar(str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=root))))
+    return ToolGrammar(checked.ebnf, checked.name, calling=spec)
 
 
 ToolChoice = str | dict[str, Any]
@@ -596,6 +630,21 @@ class ToolCallParser:
         elif self._state not in ("done", "error", "text") and self._calls:
             self._violations.append("the reply ended inside the tool calls")
         return ChatDelta()
+
+    def fork(self) -> ToolCallParser:
+        """An independent copy in the same state (to try a continuation). Does not change this parser."""
+        twin = copy.copy(self)
+        twin._content, twin._calls = list(self._content), list(self._calls)
+        twin._arguments, twin._violations = list(self._arguments), list(self._violations)
+        return twin
+
+    def complete_calls(self) -> list[tuple[str, str]]:
+        """(name, arguments JSON text) of each call whose arguments are complete so far, in order."""
+        return [(name, self._arguments[i]) for i, (_, name) in enumerate(self._calls[: self._complete])]
+
+    def open_call(self) -> str | None:
+        """The name of the call whose arguments are being written, else None."""
+        return self._calls[-1][1] if self._state == "arguments" else None
 
     def result(self) -> ParsedReply:
         """The parsed reply (after :meth:`finish`), arguments validated."""

@@ -22,14 +22,14 @@ class Person(BaseModel):
 
 def main() -> None:
     tokenizer = constrain.load_tokenizer()  # SmolLM2-135M-Instruct's, converted once and cached
-    compiled = constrain.compile(constrain.json_schema(Person, property_order="schema"), tokenizer)
+    compiled = constrain.compile(constrain.json_schema(Person), tokenizer)
     checked = [f"{e.pointer or '/'} {e.keyword}" for e in compiled.coverage if e.status == "checked"]
     print(f"enforced by the grammar alone: {compiled.fully_enforced}; checked afterwards: {checked}")
 
     matcher = compiled.matcher()
     bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
     print(f"forced at the start: {matcher.forced_text()!r}")
-    text = '{"name": "Ada", "age": 36, "tags": ["math"]}'
+    text = '{"name": "Ada", "age": 36, "tags": ["math"]}'  # generation mode: json.dumps, in the schema's order
     for token in token_ids(tokenizer, text):
         matcher.fill_next_token_bitmask(bitmask)
         allowed = (int(bitmask[0, token // 32]) >> (token % 32)) & 1

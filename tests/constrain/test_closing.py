@@ -69,7 +69,7 @@ def test_closing_search_matches_brute_force_on_schemas(smol_tokenizer, name):
     for prefix in PREFIXES[name]:
         matcher = compiled.matcher()
         assert matcher.accept_string(prefix) or not prefix
-        found = completion(matcher, encode, max_nodes=5000)
+        found = completion(matcher, encode, max_nodes=5000, fanout=0)
         assert found is not None
         expected = brute_force(matcher)
         assert len(found) == expected, (prefix, smol_tokenizer.decode(found))
@@ -90,7 +90,7 @@ def test_closing_search_matches_brute_force_on_schemas(smol_tokenizer, name):
 def test_closing_search_matches_brute_force_on_grammars(smol_tokenizer, constraint, prefix):
     matcher = constrain.compile(constraint, smol_tokenizer).matcher()
     assert matcher.accept_string(prefix)
-    found = completion(matcher, by_character(smol_tokenizer), max_nodes=5000)
+    found = completion(matcher, by_character(smol_tokenizer), max_nodes=5000, fanout=0)
     alphabet = ALPHABET + "()+*"
     assert found is not None and len(found) == brute_force(matcher, alphabet)
 

@@ -11,6 +11,12 @@ import constrain
 from constrain.cache import ByteLRU
 from constrain.testing import accepts, allowed_ids, token_ids, walk
 
+
+def spec(schema, **options):
+    """JSON Schema's own semantics (open objects, any key order, single whitespace): what these tests check."""
+    return constrain.json_schema(schema, mode="specification", **options)
+
+
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
@@ -20,16 +26,16 @@ PERSON = {
 
 
 def test_second_compile_is_a_cache_hit(smol_tokenizer):
-    c = constrain.json_schema(PERSON | {"title": "cache-hit"})
+    c = spec(PERSON | {"title": "cache-hit"})
     first = constrain.compile(c, smol_tokenizer)
     before = constrain.cache_stats()
-    again = constrain.compile(constrain.json_schema(PERSON | {"title": "cache-hit"}), smol_tokenizer)
+    again = constrain.compile(spec(PERSON | {"title": "cache-hit"}), smol_tokenizer)
     assert again is first
     assert constrain.cache_stats()["hits"] == before["hits"] + 1
 
 
 def test_concurrent_compiles_of_one_key_compile_once(smol_tokenizer):
-    c = constrain.json_schema(PERSON | {"title": "concurrent"})
+    c = spec(PERSON | {"title": "concurrent"})
     results, before = [], constrain.cache_stats()["misses"]
     threads = [threading.Thread(target=lambda: results.append(constrain.compile(c, smol_tokenizer))) for _ in range(8)]
     for t in threads:
@@ -56,9 +62,7 @@ def test_byte_lru_evicts_least_recent_and_never_caches_errors():
 
 
 def test_matcher_api(smol_tokenizer):
-    compiled = constrain.compile(
-        constrain.json_schema(PERSON, whitespace="compact", property_order="schema"), smol_tokenizer
-    )
+    compiled = constrain.compile(spec(PERSON, whitespace="compact", property_order="schema"), smol_tokenizer)
     m = compiled.matcher()
     assert m.forced_text() == '{"name":"'
     ids = token_ids(smol_tokenizer, '{"name":"Al","age":7}')
@@ -94,7 +98,7 @@ def test_eos_is_masked_until_the_grammar_can_end(smol_tokenizer):
 
 def test_batched_fill_equals_one_by_one(smol_tokenizer):
     constraints = [
-        constrain.json_schema(PERSON),
+        spec(PERSON),
         constrain.regex(r"\d{3}-\d{4}"),
         constrain.choice(["yes", "no", "maybe"]),
         constrain.grammar("arithmetic"),
@@ -125,7 +129,7 @@ samples = ['{"name": "Zoë", "age": 30}', '{"age": 1, "name": "日本語 😀"}'
 
 @pytest.mark.parametrize("text", samples)
 def test_tokenizer_families(text, smol_tokenizer, gemma_tokenizer, sp_tokenizer):
-    schema = constrain.json_schema(PERSON)
+    schema = spec(PERSON)
     for tokenizer in (smol_tokenizer, gemma_tokenizer, sp_tokenizer):
         compiled = constrain.compile(schema, tokenizer)
         assert accepts(compiled, tokenizer, text), type(tokenizer).__name__

@@ -8,6 +8,12 @@ import torch
 import constrain
 from constrain.testing import accepts, allowed_ids, token_ids, walk
 
+
+def spec(schema, **options):
+    """JSON Schema's own semantics (open objects, any key order, single whitespace): what these tests check."""
+    return constrain.json_schema(schema, mode="specification", **options)
+
+
 PERSON = {
     "type": "object",
     "properties": {
@@ -35,7 +41,7 @@ TEXTS = [
 
 @pytest.mark.parametrize(("text", "valid"), TEXTS)
 def test_both_engines_enforce_the_same_language(smol_tokenizer, text, valid):
-    c = constrain.json_schema(PERSON, property_order="schema")
+    c = spec(PERSON, property_order="schema")
     for engine in ("xgrammar", "llguidance"):
         compiled = constrain.compile(c, smol_tokenizer, engine=engine)
         assert compiled.engine == engine
@@ -70,7 +76,7 @@ ENGINES = ("xgrammar", "llguidance")
 def test_llguidance_matcher_semantics(smol_tokenizer):
     """Rejection leaves the state unchanged; EOS terminates; rollback, fork, reset and forced text."""
     compiled = constrain.compile(
-        constrain.json_schema(PERSON, whitespace="compact", property_order="schema"),
+        spec(PERSON, whitespace="compact", property_order="schema"),
         smol_tokenizer,
         engine="llguidance",
     )
@@ -97,7 +103,7 @@ def test_llguidance_matcher_semantics(smol_tokenizer):
 
 
 def test_batched_fill_mixes_engines(smol_tokenizer):
-    c = constrain.json_schema(PERSON, property_order="schema")
+    c = spec(PERSON, property_order="schema")
     matchers = [constrain.compile(c, smol_tokenizer, engine=e).matcher() for e in (*ENGINES, *ENGINES)]
     for m, prefix in zip(matchers, ["", "", '{"name": "A', '{"name": "A'], strict=True):
         assert m.accept_string(prefix) or not prefix
@@ -113,8 +119,8 @@ def test_batched_fill_mixes_engines(smol_tokenizer):
 
 
 def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_tokenizer):
-    light = constrain.json_schema(PERSON)
-    heavy = constrain.json_schema({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 1024}}})
+    light = spec(PERSON)
+    heavy = spec({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 1024}}})
     assert constrain.compile(light, smol_tokenizer).engine == "xgrammar"
     compiled = constrain.compile(heavy, smol_tokenizer)
     assert compiled.engine == "llguidance"
@@ -130,7 +136,7 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
         {"type": "object", "properties": keys},
         {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(400)}},
     ):
-        assert constrain.compile(constrain.json_schema(schema), smol_tokenizer).engine == "llguidance", schema
+        assert constrain.compile(spec(schema), smol_tokenizer).engine == "llguidance", schema
     # a repetition bound over 128, which xgrammar cannot compile at all
     wide = constrain.compile(constrain.regex("[a-z]{1,129}"), smol_tokenizer)
     assert wide.engine == "llguidance" and accepts(wide, smol_tokenizer, "a" * 129)
@@ -146,8 +152,8 @@ def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
         "required": ["a"],
     }
     with pytest.raises(constrain.CompileError, match="unsatisfiable"):
-        constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine="llguidance")
-    assert constrain.compile(constrain.json_schema(schema), smol_tokenizer).engine == "xgrammar"
+        constrain.compile(spec(schema), smol_tokenizer, engine="llguidance")
+    assert constrain.compile(spec(schema), smol_tokenizer).engine == "xgrammar"
 
 
 def test_llguidance_serves_what_it_refuses_as_a_superset(smol_tokenizer):
@@ -158,7 +164,7 @@ def test_llguidance_serves_what_it_refuses_as_a_superset(smol_tokenizer):
         "properties": {"u": {"type": "string", "format": "uri-reference"}, "v": {"type": "integer"}},
         "minProperties": 1,
     }
-    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine="llguidance")
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine="llguidance")
     refused = {e.keyword: e for e in compiled.coverage if e.note.startswith("llguidance")}
     assert set(refused) == {"format", "minProperties"}
     assert all(e.status == "checked" for e in refused.values()) and "uri-reference" in refused["format"].note
@@ -179,7 +185,7 @@ def test_patterns_are_anchored_on_both_engines(smol_tokenizer, engine):
         "type": "object",
         "properties": {"a": {"type": "string", "pattern": "^[0-9a-f]{4}$"}, "b": {"type": "string", "pattern": "x"}},
     }
-    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
     assert accepts(compiled, smol_tokenizer, '{"a": "00ff", "b": "yxy"}')
     for bad in ('{"a": "z00ff"}', '{"a": "00ffz"}', '{"a": "00f"}', '{"b": "yy"}'):
         assert not accepts(compiled, smol_tokenizer, bad), bad
@@ -193,6 +199,6 @@ def test_engine_name_is_checked(smol_tokenizer):
 
 
 def test_gemma_sentencepiece_vocabulary(gemma_tokenizer):
-    compiled = constrain.compile(constrain.json_schema(PERSON), gemma_tokenizer, engine="llguidance")
+    compiled = constrain.compile(spec(PERSON), gemma_tokenizer, engine="llguidance")
     for text, valid in TEXTS[:4]:
         assert accepts(compiled, gemma_tokenizer, text) == valid

@@ -9,6 +9,12 @@ import pytest
 import constrain
 from constrain.testing import accepts
 
+
+def spec(schema, **options):
+    """JSON Schema's own semantics (open objects, any key order, single whitespace): what these tests check."""
+    return constrain.json_schema(schema, mode="specification", **options)
+
+
 # (schema, instances the mask must accept, instances it must reject or validate() must flag)
 schema__valid__invalid = [
     (  # allOf: xgrammar alone keeps only the first branch
@@ -69,7 +75,7 @@ schema__valid__invalid = [
 
 @pytest.mark.parametrize("schema,valid,invalid", schema__valid__invalid)
 def test_valid_accepted_and_invalid_rejected_or_flagged(schema, valid, invalid, smol_tokenizer):
-    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
     for instance in valid:
         for text in (json.dumps(instance), json.dumps(instance, separators=(",", ":"))):
             assert accepts(compiled, smol_tokenizer, text), f"valid instance rejected: {text}"
@@ -86,7 +92,7 @@ def test_coverage_reports_each_keyword(smol_tokenizer):
         "properties": {"tags": {"type": "array", "uniqueItems": True}, "n": {"type": "number", "multipleOf": 0.1}},
         "x-vendor": 1,
     }
-    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
     status = {(e.pointer, e.keyword): e.status for e in compiled.coverage}
     assert status[("", "type")] == "enforced"
     assert status[("", "title")] == "ignored"
@@ -94,22 +100,22 @@ def test_coverage_reports_each_keyword(smol_tokenizer):
     assert status[("/properties/tags", "uniqueItems")] == "checked"
     assert status[("/properties/n", "multipleOf")] == "checked"
     assert not compiled.fully_enforced
-    assert constrain.compile(constrain.json_schema({"type": "integer"}), smol_tokenizer).fully_enforced
+    assert constrain.compile(spec({"type": "integer"}), smol_tokenizer).fully_enforced
 
 
 def test_strict_refuses_what_cannot_be_checked_and_lenient_reports_it(smol_tokenizer):
     schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
     with pytest.raises(constrain.UnsupportedSchemaError) as info:
-        constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+        constrain.compile(spec(schema), smol_tokenizer)
     assert info.value.keyword == "$ref" and info.value.pointer == "/properties/a"
-    compiled = constrain.compile(constrain.json_schema(schema, lenient=True), smol_tokenizer)
+    compiled = constrain.compile(spec(schema, lenient=True), smol_tokenizer)
     status = {(e.pointer, e.keyword): e.status for e in compiled.coverage}
     assert status[("/properties/a", "$ref")] == "approximated"
     assert accepts(compiled, smol_tokenizer, '{"a": 1}')
     with pytest.raises(constrain.UnsupportedSchemaError, match="dynamic"):
-        constrain.compile(constrain.json_schema({"$dynamicRef": "#x"}), smol_tokenizer)
+        constrain.compile(spec({"$dynamicRef": "#x"}), smol_tokenizer)
     with pytest.raises(constrain.UnsupportedSchemaError, match="accepts no value"):
-        constrain.compile(constrain.json_schema(False), smol_tokenizer)
+        constrain.compile(spec(False), smol_tokenizer)
 
 
 def test_all_of_branches_referring_to_boolean_schemas(smol_tokenizer):
@@ -117,43 +123,43 @@ def test_all_of_branches_referring_to_boolean_schemas(smol_tokenizer):
     ffizer schema used to crash the preparation with an AttributeError)."""
     defs = {"yes": True, "no": False}
     schema = {"$defs": defs, "allOf": [{"$ref": "#/$defs/yes"}, {"type": "integer"}]}
-    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
     assert accepts(compiled, smol_tokenizer, "12") and not accepts(compiled, smol_tokenizer, '"a"')
     with pytest.raises(constrain.UnsupportedSchemaError, match="false"):
-        constrain.compile(constrain.json_schema({"$defs": defs, "allOf": [{"$ref": "#/$defs/no"}]}), smol_tokenizer)
+        constrain.compile(spec({"$defs": defs, "allOf": [{"$ref": "#/$defs/no"}]}), smol_tokenizer)
 
 
 def test_dangling_ref_is_a_schema_error(smol_tokenizer):
     with pytest.raises(constrain.SchemaError) as info:
-        constrain.compile(constrain.json_schema({"properties": {"a": {"$ref": "#/$defs/missing"}}}), smol_tokenizer)
+        constrain.compile(spec({"properties": {"a": {"$ref": "#/$defs/missing"}}}), smol_tokenizer)
     assert info.value.pointer == "/properties/a"
 
 
 def test_whitespace_policies(smol_tokenizer):
-    single = constrain.compile(constrain.json_schema({"type": "object"}), smol_tokenizer)
-    pretty = constrain.compile(constrain.json_schema({"type": "object"}, whitespace="pretty"), smol_tokenizer)
+    single = constrain.compile(spec({"type": "object"}), smol_tokenizer)
+    pretty = constrain.compile(spec({"type": "object"}, whitespace="pretty"), smol_tokenizer)
     indented = json.dumps({"a": [1, {"b": None}]}, indent=2)
     assert accepts(single, smol_tokenizer, '{"a": [1, {"b": null}]}')
     assert accepts(single, smol_tokenizer, '{"a" : 1}')
     assert not accepts(single, smol_tokenizer, indented)
     assert accepts(pretty, smol_tokenizer, indented)
     assert not accepts(pretty, smol_tokenizer, "{" + " " * 17 + "}")  # bounded runs
-    # (xgrammar 0.2.8 keeps ", " inside values the schema leaves free-form: compact covers described structure)
-    described = {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}}
-    compact = constrain.compile(constrain.json_schema(described, whitespace="compact"), smol_tokenizer)
-    assert accepts(compact, smol_tokenizer, '{"a":[1,2]}')
-    assert not accepts(compact, smol_tokenizer, '{"a": [1]}')
+    # compact in free-form values too (xgrammar 0.2.8 wrote ", " there; constrain rewrites it)
+    for schema in ({"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}}, {}):
+        compact = constrain.compile(spec(schema, whitespace="compact"), smol_tokenizer)
+        assert accepts(compact, smol_tokenizer, '{"a":[1,2,{"b":[3,4]}],"c":5}' if not schema else '{"a":[1,2]}')
+        assert not accepts(compact, smol_tokenizer, '{"a": [1]}')
 
 
 def test_schema_property_order_forces_keys(smol_tokenizer):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a", "b"]}
-    ordered = constrain.compile(constrain.json_schema(schema, property_order="schema"), smol_tokenizer)
+    ordered = constrain.compile(spec(schema, property_order="schema"), smol_tokenizer)
     assert accepts(ordered, smol_tokenizer, '{"a": 1, "b": 2}')
     assert not accepts(ordered, smol_tokenizer, '{"b": 2, "a": 1}')
 
 
 def test_validate_reports_pointer_and_json_errors(smol_tokenizer):
-    compiled = constrain.compile(constrain.json_schema({"type": "array", "items": {"type": "integer"}}), smol_tokenizer)
+    compiled = constrain.compile(spec({"type": "array", "items": {"type": "integer"}}), smol_tokenizer)
     assert compiled.validate("[1, 2]") == []
     assert compiled.validate('[1, "x"]') == ["/1: 'x' is not of type 'integer'"]
     assert compiled.validate("[1, NaN]")[0].startswith("not valid JSON")
@@ -166,7 +172,7 @@ def test_validate_reports_pointer_and_json_errors(smol_tokenizer):
     assert grammar.validate("1 + 2 * (3 - 4)") == [] and grammar.validate("1 +")
 
 
-def test_closed_objects_default_for_python_types_only(smol_tokenizer):
+def test_closed_by_mode_and_open_where_a_model_allows_extras(smol_tokenizer):
     from pydantic import BaseModel, ConfigDict
 
     class Strict(BaseModel):
@@ -181,6 +187,7 @@ def test_closed_objects_default_for_python_types_only(smol_tokenizer):
     assert not accepts(constrain.compile(constrain.json_schema(Strict), smol_tokenizer), smol_tokenizer, extra)
     assert accepts(constrain.compile(constrain.json_schema(Loose), smol_tokenizer), smol_tokenizer, extra)
     schema = Strict.model_json_schema()
-    assert accepts(constrain.compile(constrain.json_schema(schema), smol_tokenizer), smol_tokenizer, extra)
-    closed = constrain.compile(constrain.json_schema(schema, closed=True), smol_tokenizer)
+    assert not accepts(constrain.compile(constrain.json_schema(schema), smol_tokenizer), smol_tokenizer, extra)
+    assert accepts(constrain.compile(spec(schema), smol_tokenizer), smol_tokenizer, extra)
+    closed = constrain.compile(spec(schema, closed=True), smol_tokenizer)
     assert not accepts(closed, smol_tokenizer, extra) and accepts(closed, smol_tokenizer, '{"a": 1}')

@@ -6,6 +6,7 @@ still be valid); two serve the default model end to end.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import socket
@@ -198,7 +199,8 @@ def test_tool_choice_required_named_and_auto(server):
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
         r = _chat(server, "Weather in Paris?", tools=[WEATHER, TIME], tool_choice=choice, seed=1, max_tokens=80)
         message = r.choices[0].message
-        # a random model may go on calling: the budget then closes the last call ("length"), still valid
+        # a random model may go on calling: the budget then closes the last call, still valid ("tool_calls",
+        # closed_early); "length" only where a call is cut
         assert r.choices[0].finish_reason in ("tool_calls", "length"), r
         assert message.tool_calls and all(c.id and c.type == "function" for c in message.tool_calls)
         for call in message.tool_calls:
@@ -210,6 +212,51 @@ def test_tool_choice_required_named_and_auto(server):
     assert len(r.choices[0].message.tool_calls) == 1
     r = _chat(server, "Hello", tools=[WEATHER], tool_choice="auto", seed=3, max_tokens=20)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_named_tool_choice_gives_one_call_even_with_parallel_calls(server):
+    """LangChain's ``bind_tools(..., tool_choice=name)``: one call of that tool, as OpenAI and vLLM give."""
+    again = server.app.state.engine.handle.tokenizer.encode("\n", add_special_tokens=False)[0]
+    for choice in ("get_time", {"type": "function", "function": {"name": "get_time"}}):
+        r = _chat(server, "Time in Oslo?", tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=True,
+                  seed=4, max_tokens=120, logit_bias={str(again): 100})  # the bias asks for another call  # fmt: skip
+        calls = r.choices[0].message.tool_calls
+        assert [c.function.name for c in calls] == ["get_time"] and r.choices[0].finish_reason == "tool_calls", r
+
+
+def test_a_budget_closed_result_finishes_with_stop_and_says_so(server):
+    """Complete and valid, but closed by the termination budget: ``stop`` (clients keep the object), with
+    ``closed_early`` and ``forced_tokens`` on the choice; streamed and not, chat and completions."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    kwargs = {"response_format": fmt, "max_tokens": 12, "seed": 1, "temperature": 1.0}
+    choice = _chat(server, **kwargs).choices[0]
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert choice.finish_reason == "stop" and choice.model_extra["closed_early"] is True
+    assert choice.model_extra["forced_tokens"] > 0
+    last = [c.choices[0] for c in _chat(server, stream=True, **kwargs) if c.choices][-1]
+    assert last.finish_reason == "stop" and last.model_extra["closed_early"] is True
+    assert last.model_extra["forced_tokens"] == choice.model_extra["forced_tokens"]
+    email = {"model": server.model, "prompt": "One", "max_tokens": 6, "seed": 0,
+             "extra_body": {"regex": r"[a-z]{1,30}@[a-z]{1,30}\.com"}}  # fmt: skip
+    done = server.client.completions.create(**email).choices[0]
+    assert regex_module.fullmatch(r"[a-z]{1,30}@[a-z]{1,30}\.com", done.text)
+    assert done.finish_reason == "stop" and done.model_extra["closed_early"] is True
+    last = [c.choices[0] for c in server.client.completions.create(stream=True, **email) if c.choices][-1]
+    assert last.finish_reason == "stop" and last.model_extra["closed_early"] is True
+    plain = _chat(server, max_tokens=3, temperature=0).choices[0]  # cut by max_tokens: still "length"
+    assert plain.finish_reason == "length" and "closed_early" not in plain.model_extra
+
+
+def test_only_a_complete_valid_closed_result_becomes_stop():
+    from constrain.protocol import finish_fields
+
+    closed = constrain.GenerationResult("{}", {}, "length", [1], constrain.Usage(1, 1), closed_early=True,
+                                        forced_tokens=2)  # fmt: skip
+    assert finish_fields(closed, None) == {"finish_reason": "stop", "closed_early": True, "forced_tokens": 2}
+    broken = dataclasses.replace(closed, violations=["/age: required"])
+    assert finish_fields(broken, None) == {"finish_reason": "length", "closed_early": True, "forced_tokens": 2}
+    cut = dataclasses.replace(closed, closed_early=False, forced_tokens=0)
+    assert finish_fields(cut, None) == {"finish_reason": "length"}
 
 
 def test_streamed_tool_calls_reassemble(server):

@@ -4,6 +4,7 @@ output of a random-weight model), parsing whole and streamed, and the default mo
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from typing import Annotated, Literal
 
@@ -11,7 +12,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 import constrain
-from constrain.testing import accepts
+from constrain.matcher import allocate_token_bitmask
+from constrain.testing import accepts, allowed_ids, token_ids, walk
 from constrain.tools import TOOL_FORMATS
 
 
@@ -205,6 +207,87 @@ def test_random_model_in_auto_and_named_modes(tiny):
         assert named.valid and [c.name for c in named.tool_calls] == ["GetWeather"] * len(named.tool_calls)
         assert all(isinstance(c.arguments, GetWeather) for c in named.tool_calls)
         assert named.finish_reason in ("tool_calls", "length")
+
+
+PING = {"type": "function", "function": {"name": "ping", "description": "Check that the service is up."}}
+SUM = '{"a":1,"b":2}'
+
+
+def _token(tokenizer, text: str) -> int:
+    (token,) = token_ids(tokenizer, text)
+    return token
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2", "json_list"])
+def test_a_named_tool_is_called_exactly_once(smol_tokenizer, fmt):
+    """As OpenAI and vLLM do, whatever parallel_tool_calls says: the grammar admits one call, then the end."""
+    spell, end = TOOL_FORMATS[fmt].render, TOOL_FORMATS[fmt].end
+    for choice in ("add", {"type": "function", "function": {"name": "add"}}):
+        spec = constrain.tool_calling([get_weather, add], tool_choice=choice, parallel_tool_calls=True, format=fmt)
+        compiled = constrain.compile(spec.constraint(), smol_tokenizer)
+        one = spell([("add", SUM)])
+        assert accepts(compiled, smol_tokenizer, one)
+        assert not accepts(compiled, smol_tokenizer, spell([("add", SUM), ("add", '{"a":3,"b":4}')]))
+        ok, matcher = walk(compiled, token_ids(smol_tokenizer, one[: len(one) - len(end)]))
+        assert ok and matcher.forced_text() == end  # after the call, only the end
+
+
+def test_a_named_tool_is_called_once_by_a_model_that_would_go_on(tiny):
+    comma = _token(tiny.tokenizer, ",")  # smollm2's separator: biased, the model would call again and again
+    messages = [{"role": "user", "content": "Ping."}]
+    for seed in range(2):
+        r = constrain.chat(tiny, messages, tools=[add, PING], tool_choice="ping", tool_format="smollm2",
+                           max_tokens=64, seed=seed, logit_bias={comma: 100.0})  # fmt: skip
+        assert r.valid and [c.name for c in r.tool_calls] == ["ping"] and r.finish_reason == "tool_calls", r
+
+
+def _allowed_after(grammar, tokenizer, text: str) -> set[int]:
+    """The tokens allowed after ``text``: the grammar's mask, then the repeated-call filter."""
+    compiled = constrain.compile(grammar, tokenizer)
+    ok, matcher = walk(compiled, token_ids(tokenizer, text))
+    assert ok, text
+    calls = grammar.mask_filter(compiled.tokenizer)
+    calls.feed(text)
+    bitmask = allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    calls.apply(matcher, "", bitmask[0])
+    return allowed_ids(bitmask[0], compiled.vocab_size)
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_the_mask_forbids_completing_a_call_identical_to_an_earlier_one(smol_tokenizer, choice):
+    grammar = constrain.tool_calling([get_weather, add, PING], tool_choice=choice, format="smollm2").constraint()
+    ids = functools.partial(_token, smol_tokenizer)
+    start = "Sure. " if choice == "auto" else ""
+    first = start + '<tool_call>[{"name": "add", "arguments": ' + SUM + '}, {"name": "add", "arguments": {"a":1,"b":'
+    repeat = _allowed_after(grammar, smol_tokenizer, first + "2")
+    assert ids("}") not in repeat and ids("}}") not in repeat  # add(1, 2) again: forbidden
+    assert ids("3") in repeat  # add(1, 23) is another call
+    assert {ids("}"), ids("}}")} <= _allowed_after(grammar, smol_tokenizer, first + "3")  # add(1, 3): allowed
+    assert ids("2") in _allowed_after(grammar, smol_tokenizer, first)
+    # a tool without arguments: its name alone would repeat it, and is forbidden
+    pinged = start + '<tool_call>[{"name": "ping", "arguments": {}}, {"name": "'
+    names = _allowed_after(grammar, smol_tokenizer, pinged)
+    assert ids("ping") not in names and ids("add") in names
+
+
+def test_when_only_a_repeat_could_follow_the_calls_end(smol_tokenizer):
+    """The filter looks through the text the grammar forces: the separator is forbidden, the end is not."""
+    grammar = constrain.tool_calling([PING], tool_choice="required", format="smollm2").constraint()
+    allowed = _allowed_after(grammar, smol_tokenizer, '<tool_call>[{"name": "ping", "arguments": {}}')
+    assert _token(smol_tokenizer, ",") not in allowed and _token(smol_tokenizer, "]") in allowed
+    single = constrain.tool_calling([PING], tool_choice="required", parallel_tool_calls=False).constraint()
+    assert single.mask_filter(constrain.compile(single, smol_tokenizer).tokenizer) is None  # one call: no filter
+
+
+@pytest.mark.parametrize(("fmt", "separator"), [("smollm2", ","), ("hermes", "\n")])
+def test_a_model_biased_to_call_again_does_not_repeat_a_call(tiny, fmt, separator):
+    bias = {_token(tiny.tokenizer, separator): 100.0}
+    messages = [{"role": "user", "content": "Ping."}]
+    for seed in range(2):
+        r = constrain.chat(tiny, messages, tools=[PING], tool_choice="required", tool_format=fmt, max_tokens=64,
+                           seed=seed, logit_bias=bias)  # fmt: skip
+        assert r.valid and [c.name for c in r.tool_calls] == ["ping"] and r.finish_reason == "tool_calls", r
 
 
 def test_streamed_parse_equals_the_whole_parse(tiny):

@@ -1,0 +1,180 @@
+"""No duplicate keys: a JSON scanner over the output that masks out any token completing a key its
+object already has.
+
+A grammar can say which keys an object may hold, not that each appears once: wherever another key
+may be any string (``additionalProperties``, ``patternProperties``, an object the schema leaves
+open, properties in any order), xgrammar and llguidance both admit ``{"a": 1, "a": 2}``, which JSON
+parsers read as ``{"a": 2}``, silently. :class:`KeyState` follows the output byte by byte (the grammar
+keeps it well-formed JSON) and knows, per open object, the keys written so far;
+:meth:`KeyState.forbid_duplicates` clears from a bitmask row the tokens that would complete one of
+them again:
+
+- inside a key written so far as ``P``, the tokens whose text starts with ``rest + '"'`` for each
+  earlier key ``P + rest``: a prefix search in the sorted vocabulary;
+- anywhere, the few tokens with two or more ``"`` (``","``, ``":"``...) that could open and close a
+  key by themselves, by scanning them.
+
+Keys compare as written: a key spelled again with other escapes (``"\\u0061"`` for ``"a"``) is not
+caught. The :class:`~constrain.matcher.Matcher` applies this to every mask it fills and refuses such a
+token in ``accept_token``, so sampling, jump-forward, speculation and the closing path all see it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from constrain.tokenizer import TokenizerInfo
+
+__all__ = ["KeyState", "may_repeat_keys"]
+
+# scanner modes
+_VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_WHITESPACE = frozenset(b" \t\n\r")
+
+Frame = frozenset[bytes] | None
+"""An open container: an object's keys so far (as written, without quotes), or None for an array."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Vocab:
+    texts: list[bytes]  # per token id, its bytes (b"" for special tokens)
+    sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
+    sorted_ids: np.ndarray  # [n] int64: the token id of each sorted text
+    multi_quote: np.ndarray  # [m] int64: ids of the tokens holding two or more '"'
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab(info: TokenizerInfo) -> _Vocab:
+    special = set(info.xgr_info.special_token_ids)
+    texts = [b"" if i in special else bytes(t) for i, t in enumerate(info.xgr_info.decoded_vocab)]
+    texts += [b""] * (info.vocab_size - len(texts))
+    order = sorted((t, i) for i, t in enumerate(texts) if t)
+    multi = [i for i, t in enumerate(texts) if t.count(b'"') >= 2]
+    return _Vocab(
+        texts, [t for t, _ in order], np.array([i for _, i in order], dtype=np.int64), np.array(multi, dtype=np.int64)
+    )
+
+
+def _scan(mode: int, stack: tuple[Frame, ...], key: bytes, data: bytes) -> tuple[int, tuple[Frame, ...], bytes, bool]:
+    """Advance the scanner over ``data``; the last item says whether a key was completed a second time
+    in its object (scanning stops there)."""
+    for byte in data:
+        if mode == _IN_KEY:
+            if byte == _QUOTE:
+                keys = stack[-1]
+                if keys is None:  # not reached on well-formed JSON
+                    keys = frozenset()
+                if key in keys:
+                    return mode, stack, key, True
+                stack, mode = (*stack[:-1], keys | {key}), _COLON
+            else:
+                key += bytes((byte,))
+                mode = _KEY_ESCAPE if byte == _BACKSLASH else _IN_KEY
+        elif mode == _KEY_ESCAPE:
+            key, mode = key + bytes((byte,)), _IN_KEY
+        elif mode == _IN_STRING:
+            mode = _STRING_ESCAPE if byte == _BACKSLASH else _AFTER if byte == _QUOTE else _IN_STRING
+        elif mode == _STRING_ESCAPE:
+            mode = _IN_STRING
+        elif byte in _WHITESPACE:
+            if mode == _SCALAR:
+                mode = _AFTER
+        elif mode == _SCALAR and byte not in b",}]":
+            continue
+        elif byte == ord("{") and mode == _VALUE:
+            stack, mode = (*stack, frozenset()), _KEY
+        elif byte == ord("[") and mode == _VALUE:
+            stack, mode = (*stack, None), _VALUE
+        elif byte == _QUOTE:
+            mode, key = (_IN_KEY, b"") if mode == _KEY else (_IN_STRING, key)
+        elif byte in b"}]":
+            stack, mode = stack[:-1], _AFTER
+        elif byte == ord(","):
+            mode = _KEY if stack and stack[-1] is not None else _VALUE
+        elif byte == ord(":"):
+            mode = _VALUE
+        elif mode == _VALUE:
+            mode = _SCALAR
+    return mode, stack, key, False
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """Where the output stands in its JSON value, and the keys of every open object. Immutable."""
+
+    vocab: _Vocab
+    mode: int = _VALUE
+    stack: tuple[Frame, ...] = ()
+    key: bytes = b""  # the key being written (mode _IN_KEY / _KEY_ESCAPE), as written
+
+    @classmethod
+    def initial(cls, info: TokenizerInfo) -> KeyState:
+        return cls(_vocab(info))
+
+    def advance(self, token_id: int) -> KeyState | None:
+        """The state after ``token_id``; None when it would complete a key its object already has."""
+        return self.advance_bytes(self.vocab.texts[token_id])
+
+    def advance_bytes(self, data: bytes) -> KeyState | None:
+        """The state after ``data``; None when it would complete a key its object already has."""
+        mode, stack, key, duplicate = _scan(self.mode, self.stack, self.key, data)
+        return None if duplicate else KeyState(self.vocab, mode, stack, key)
+
+    def forbid_duplicates(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row; updated in place
+        row: torch.Tensor,
+    ) -> None:
+        """Clear from ``row`` every token that would complete a key its object already has."""
+        if not any(frame for frame in self.stack):
+            return  # no object holds a key yet (a token completing two equal keys at once is not a word)
+        words = row.numpy()  # [ceil(V / 32)] int32, a view: writes go to ``row``
+        vocab = self.vocab
+        if self.mode in (_IN_KEY, _KEY_ESCAPE):
+            for written in self.stack[-1] or ():
+                if written.startswith(self.key):
+                    prefix = written[len(self.key) :] + b'"'
+                    lo = bisect.bisect_left(vocab.sorted_texts, prefix)
+                    hi = bisect.bisect_left(vocab.sorted_texts, prefix + b"\xff")
+                    _clear(words, vocab.sorted_ids[lo:hi])
+        ids = vocab.multi_quote
+        allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]
+        _clear(words, np.array([t for t in allowed.tolist() if self.advance(t) is None], dtype=np.int64))
+
+
+def _clear(
+    words: np.ndarray,  # [ceil(V / 32)] int32
+    ids: np.ndarray,  # [n] int64 token ids
+) -> None:
+    if ids.size:
+        np.bitwise_and.at(words, ids >> 5, ~np.left_shift(np.int64(1), ids & 31).astype(np.uint32).view(np.int32))
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "unevaluatedProperties")
+
+
+def may_repeat_keys(schema: Any, any_order: bool) -> bool:
+    """Whether a grammar for the prepared ``schema`` may admit an object with a key twice: some object
+    is open (undeclared keys allowed), or its keys may come in any order."""
+    if not isinstance(schema, dict):
+        return schema is True
+    types = schema.get("type")
+    untyped = types is None and not any(k in schema for k in ("$ref", "anyOf", "allOf", "oneOf", "enum", "const"))
+    if types == "object" or (isinstance(types, list) and "object" in types) or untyped:
+        if schema.get("additionalProperties") is not False or (any_order and len(schema.get("properties", ())) > 1):
+            return True
+    subschemas = [
+        *(sub for key in _SCHEMA_MAPS if isinstance(schema.get(key), dict) for sub in schema[key].values()),
+        *(sub for key in _SCHEMA_LISTS if isinstance(schema.get(key), list) for sub in schema[key]),
+        *(schema[key] for key in _SCHEMAS if key in schema),
+    ]
+    return any(may_repeat_keys(sub, any_order) for sub in subschemas if sub is not False)

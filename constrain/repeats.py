@@ -1,0 +1,189 @@
+"""Tool calls that repeat an earlier call of the same reply: a per-request mask filter that forbids them.
+
+A reply that may hold several calls (``tool_choice`` "auto" or "required" with ``parallel_tool_calls``)
+should not call a tool twice with the same arguments, as small models do when they loop. A grammar
+cannot say "not a call made before" (the earlier calls are the request's own state), so the decode
+loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies the
+:class:`~constrain.closing.RepetitionGuard`:
+
+- A token is forbidden when the text it adds completes a call (the closing brace of its arguments)
+  whose name and arguments equal an earlier call's (arguments compared as JSON values: key order,
+  whitespace and escapes aside).
+- Where the mask is narrow (at most :data:`LOOKAHEAD` tokens: between calls, at a tool's name, after
+  a value), the text the grammar forces after the token counts too. So the separator that could only
+  lead to the same call again (the one tool, without arguments) is forbidden and the end of the
+  calls stays open; so is a name whose arguments are all forced.
+- Inside forced text nothing is filtered (nothing can be avoided there), and a filter that would leave
+  no token forbids nothing: the reply never reaches a dead end. What the filter cannot see it lets
+  through: a started call whose every continuation repeats an earlier one through a choice (an enum
+  whose values were all used), or through text forced after a wide mask (a string at its
+  ``maxLength``), is written.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from constrain.closing import _vocab
+from constrain.matcher import Matcher
+from constrain.tokenizer import TokenizerInfo
+
+__all__ = ["LOOKAHEAD", "RepeatedCallFilter"]
+
+LOOKAHEAD = 64
+"""A mask of at most this many tokens is filtered with the text the grammar forces after each token
+(a matcher fork per token). A wider mask is a string's (elsewhere JSON allows a few tokens): there,
+only the tokens holding a ``"`` and a ``}``, which may close the string and then the arguments, are
+tried, without the forced text."""
+
+
+class CallParser(Protocol):
+    """What the filter needs of :class:`constrain.tools.ToolCallParser` (which imports this module)."""
+
+    def feed(self, text: str) -> Any: ...
+
+    def fork(self) -> CallParser: ...
+
+    def complete_calls(self) -> list[tuple[str, str]]: ...
+
+    def open_call(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Pieces:
+    raw: list[bytes]  # per token id, its bytes
+    skip: frozenset[int]  # special and EOS tokens: never filtered
+    closers: np.ndarray  # [n] int64: the ids of the tokens whose text holds a '"' and a "}"
+
+
+_pieces_cache: dict[str, _Pieces] = {}
+_pieces_lock = threading.Lock()
+
+
+def _pieces(info: TokenizerInfo) -> _Pieces:
+    with _pieces_lock:
+        found = _pieces_cache.get(info.fingerprint)
+    if found is not None:
+        return found
+    raw = _vocab(info).pieces  # the closing path's copy: reading the vocabulary out of xgrammar takes ~0.6 s
+    skip = frozenset(info.xgr_info.special_token_ids) | frozenset(info.eos_token_ids)
+    closers = np.array([t for t, piece in enumerate(raw) if b'"' in piece and b"}" in piece], dtype=np.int64)
+    result = _Pieces(raw, skip, closers)
+    with _pieces_lock:
+        _pieces_cache[info.fingerprint] = result
+    return result
+
+
+def _key(name: str, arguments: str) -> tuple[str, str]:
+    """A call as compared: its name and its arguments as canonical JSON text (the raw text if not JSON)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return name, arguments
+    return name, json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class RepeatedCallFilter:
+    """Forbids the tokens that would complete a tool call identical to an earlier one of the same reply
+    (see the module docstring). One per request; built by
+    :meth:`constrain.tools.ToolGrammar.mask_filter`.
+
+    ``feed(text)`` takes each piece of text the request generates; ``apply(matcher, text, row)``
+    filters a filled mask. ``steps`` counts the masks it changed.
+    """
+
+    def __init__(self, parser: CallParser, tokenizer: TokenizerInfo) -> None:
+        self.parser = parser  # fed the reply as it is generated
+        self.tokenizer = tokenizer
+        self.steps = 0
+        self._keys: list[tuple[str, str]] = []  # of the parser's complete calls
+
+    def feed(self, text: str) -> None:
+        """Take the next piece of the reply's text."""
+        self.parser.feed(text)
+
+    def apply(
+        self,
+        matcher: Matcher,
+        text: str,
+        # [ceil(V / 32)] int32 on the CPU: the mask ``matcher`` filled; updated in place
+        row: torch.Tensor,
+    ) -> bool:
+        """Clear from ``row`` the tokens that would complete a repeated call, unless nothing would be left.
+
+        ``matcher`` is in the state ``row`` was filled in: the reply fed so far followed by ``text``
+        (drafts not yet taken). Changes neither; returns whether it cleared any token.
+        """
+        parser = self.parser
+        if text:
+            parser = parser.fork()
+            parser.feed(text)
+        done = parser.complete_calls()
+        if not done or matcher.forced_text():
+            return False
+        seen = self._seen(done)
+        words = row.numpy().view(np.uint32)  # shares row's memory
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")  # [32 * ceil(V / 32)]: token t's at t
+        allowed = np.count_nonzero(bits)
+        pieces = _pieces(self.tokenizer)
+        if allowed <= LOOKAHEAD:
+            candidates, lookahead = np.flatnonzero(bits), True
+        else:
+            name = parser.open_call()
+            if name is None or all(name != called for called, _ in seen):
+                return False
+            candidates, lookahead = pieces.closers[bits[pieces.closers] == 1], False
+        banned = [
+            token
+            for token in candidates.tolist()
+            if token < len(pieces.raw)
+            and token not in pieces.skip
+            and self._repeats(parser, len(done), seen, matcher, pieces.raw[token], token, lookahead)
+        ]
+        if not banned or len(banned) == allowed:
+            return False
+        for token in banned:
+            words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+        self.steps += 1
+        return True
+
+    def _seen(self, done: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The keys of ``done`` (the fed parser's calls, then any the drafts completed)."""
+        fed = len(self.parser.complete_calls())
+        if len(self._keys) < fed:
+            self._keys += [_key(name, arguments) for name, arguments in done[len(self._keys) : fed]]
+        return set(self._keys) | {_key(name, arguments) for name, arguments in done[fed:]}
+
+    @staticmethod
+    def _repeats(
+        parser: CallParser,
+        done: int,
+        seen: set[tuple[str, str]],
+        matcher: Matcher,
+        piece: bytes,
+        token: int,
+        lookahead: bool,
+    ) -> bool:
+        """Whether ``piece`` (token ``token``'s bytes), and with ``lookahead`` the text forced after it,
+        completes a call whose key is in ``seen`` (or that another one it completes repeats)."""
+        text = piece.decode(errors="replace")
+        if lookahead:
+            probe = matcher.fork()
+            if not probe.accept_token(token) or probe.is_terminated():
+                return False
+            text += probe.forced_text()
+        trial = parser.fork()
+        trial.feed(text)
+        keys = set(seen)
+        for name, arguments in trial.complete_calls()[done:]:
+            key = _key(name, arguments)
+            if key in keys:
+                return True
+            keys.add(key)
+        return False
