@@ -9,7 +9,8 @@ template, the same ``max_tokens`` and EOS ids for every system. Workloads:
 - regex: an ISO date and a phone number; choice: a ticket label among 5; grammar: ``grammars/sql_select``;
 - unconstrained: free text of exactly the baseline's length (the tokens of constrain's greedy extraction).
 
-Systems: ``constrain`` (jump-forward, the default), without jump-forward, with n-gram speculation;
+Systems: ``constrain`` (jump-forward, the default), without jump-forward, with n-gram speculation, with
+open objects and sampled whitespace (JSON schemas as generation took them before issue 13);
 transformers ``generate`` unconstrained (the yardstick), + xgrammar's logits processor, + llguidance
 (:class:`bench.peers.LlguidanceProcessor`); Outlines' ``Generator`` on the same transformers model.
 
@@ -120,14 +121,14 @@ def function_calls(count: int) -> list[Item]:
             {"role": "user", "content": f"Call `{function}` with realistic arguments. Reply with the arguments "
                                         "as one JSON object."},
         ]  # fmt: skip
-        schema = constrain.json_schema(row["schema"], property_order="schema")  # as generate(schema=) takes it
+        schema = constrain.json_schema(row["schema"])  # as generate(schema=) takes it
         items.append(Item("function call", function, messages, schema, 64))
     return items
 
 
 def workloads() -> list[Item]:
     """Every item, extraction first (the baseline); the unconstrained item's length is set from it later."""
-    extraction = constrain.json_schema(Employee.model_json_schema(), property_order="schema")
+    extraction = constrain.json_schema(Employee.model_json_schema())  # as generate(schema=) takes it
     return [
         Item("extraction", "employee", user(f"Extract the employee as JSON.\n\n{PARAGRAPH}"), extraction, 128),
         *function_calls(FUNCTION_CALLS),
@@ -187,11 +188,17 @@ class Constrain(System):
 
     def __init__(
         self, handle: constrain.ModelHandle, key: str, name: str, *, free_text: bool = False, jump_forward: bool = True,
-        speculative: bool = False,
+        speculative: bool = False, open_objects: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(handle)
         self.key, self.name, self.free_text = key, name, free_text
         self.jump_forward, self.speculative = jump_forward, speculative
+        self.open_objects = open_objects  # the defaults before issue 13: open objects, sampled whitespace
+
+    def constraint(self, constraint: constrain.Constraint | None) -> constrain.Constraint | None:
+        if self.open_objects and isinstance(constraint, constrain.JsonSchema):
+            return replace(constraint, closed=False, whitespace="single")
+        return constraint
 
     def takes(self, item: Item) -> bool:
         return item.constraint is not None or self.free_text
@@ -200,13 +207,14 @@ class Constrain(System):
         self.compile(constrain.regex("[a-z]"))
 
     def compile(self, constraint: constrain.Constraint) -> Any:
-        return constrain_compile(self.handle, constraint)
+        return constrain_compile(self.handle, self.constraint(constraint))
 
     def generate(self, item: Item, compiled: Any, batch: int, sampled: bool) -> Rows:
         sampling: dict[str, Any] = {"temperature": TEMPERATURE, "seed": SEED} if sampled else {"temperature": 0}
         if item.exact:
             sampling["logit_bias"] = dict.fromkeys(self.handle.eos_token_ids, -100.0)
-        out = constrain.generate(self.handle, item.messages, constraint=item.constraint, max_tokens=item.max_tokens,
+        constraint = self.constraint(item.constraint)
+        out = constrain.generate(self.handle, item.messages, constraint=constraint, max_tokens=item.max_tokens,
                                  n=batch, jump_forward=self.jump_forward, speculative=self.speculative,
                                  **sampling)  # fmt: skip
         return [(r.text, len(r.token_ids)) for r in (out if isinstance(out, list) else [out])]
@@ -315,6 +323,7 @@ def systems(handle: constrain.ModelHandle) -> list[System]:
         Constrain(handle, "constrain", "constrain", free_text=True),
         Constrain(handle, "constrain-nojf", "constrain, no jump-forward", jump_forward=False),
         Constrain(handle, "constrain-spec", "constrain, speculative", speculative=True),
+        Constrain(handle, "constrain-open", "constrain, open objects + sampled whitespace", open_objects=True),
         Transformers(handle),
         XGrammar(handle),
         Llguidance(handle),
@@ -583,8 +592,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (medians)")
     parser.add_argument("--quick", action="store_true", help="one item per workload, batch 1, greedy, one repeat")
     parser.add_argument("--workloads", help="comma-separated workloads (default: all)")
-    parser.add_argument("--systems", help="comma-separated keys: constrain,constrain-nojf,constrain-spec,"
-                                          "transformers,xgrammar,llguidance,outlines (default: all)")  # fmt: skip
+    known = "constrain,constrain-nojf,constrain-spec,constrain-open,transformers,xgrammar,llguidance,outlines"
+    parser.add_argument("--systems", help=f"comma-separated keys: {known} (default: all)")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/results, or bench/results/quick)")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging

@@ -25,14 +25,18 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import json
+import string
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from constrain.constraints import JsonSchema, Regex
 from constrain.errors import BudgetError
 from constrain.matcher import Matcher, allocate_token_bitmask
 from constrain.tokenizer import TokenizerInfo
@@ -54,6 +58,10 @@ these first."""
 _STREAK = 8
 """Greedy closing: after this many copies of one character in a row, look for an allowed character
 that changes the next mask (the ``@`` of an e-mail pattern), else go on."""
+
+_SLACK = 2
+""":func:`completion` searches for paths up to this many times ``max_tokens`` long (in its own count:
+free text character by character), as re-tokenized they are shorter."""
 
 Encode = Callable[[str], list[int]]
 
@@ -173,19 +181,24 @@ def _signature(probe: Matcher, bitmask: torch.Tensor) -> Signature:
     return probe.forced_text(), hash(bitmask[0].numpy().tobytes())
 
 
-def _escape(probe: Matcher, pick: int, bitmask: torch.Tensor, vocab: _Vocab) -> int | None:
+def _escape(probe: Matcher, pick: int, bitmask: torch.Tensor, vocab: _Vocab, stuck: set[Signature]) -> int | None:
     """An allowed single-character token other than ``pick`` after which ``probe`` allows something
-    else than after ``pick``; accepted on ``probe`` when found. Changes ``probe`` only then."""
-    twin = probe.fork()
-    twin.accept_token(pick)
-    looping = _signature(twin, bitmask)
+    else than after ``pick``; accepted on ``probe`` when found. Changes ``probe`` only then. A loop
+    found without a way out is added to ``stuck`` and not looked at again."""
     probe.fill_next_token_bitmask(bitmask)
     allowed = vocab.char_ids[_bits(bitmask)[vocab.char_ids] == 1]
+    if not probe.accept_token(pick):
+        return None
+    looping = _signature(probe, bitmask)
+    probe.rollback(1)
+    if looping in stuck:
+        return None
     for token in allowed.tolist():
-        twin = probe.fork()
-        if token != pick and twin.accept_token(token) and _signature(twin, bitmask) != looping:
-            probe.accept_token(token)
-            return int(token)
+        if token != pick and probe.accept_token(token):
+            if _signature(probe, bitmask) != looping:
+                return int(token)
+            probe.rollback(1)
+    stuck.add(looping)
     return None
 
 
@@ -195,6 +208,7 @@ def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) ->
     priority = [chars[c] for c in _PRIORITY if c in chars]
     probe, out = matcher.fork(), list[int]()
     streak = 0
+    stuck: set[Signature] = set()  # loops no character leads out of
     while len(out) <= max_tokens:
         if probe.is_completed():
             return out
@@ -205,7 +219,7 @@ def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) ->
             streak = 0
             continue
         if streak >= _STREAK:  # the same character again and again: a free string, or a loop
-            escaped = _escape(probe, out[-1], bitmask, vocab)
+            escaped = _escape(probe, out[-1], bitmask, vocab, stuck)
             streak = 0
             if escaped is not None:
                 out.append(escaped)
@@ -220,6 +234,121 @@ def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) ->
         streak = streak + 1 if out and pick == out[-1] else 1
         out.append(pick)
     return None
+
+
+_FORMATS = {
+    "date-time": "2000-01-01T00:00:00Z", "date": "2000-01-01", "time": "00:00:00Z", "duration": "P1D",
+    "email": "a@a.aa", "idn-email": "a@a.aa", "hostname": "a", "idn-hostname": "a", "ipv4": "0.0.0.0",
+    "ipv6": "::1", "uri": "a:a", "iri": "a:a", "uri-reference": "a", "iri-reference": "a",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+}  # fmt: skip
+"""A short valid string per JSON Schema ``format`` (a hint for the search, checked by the matcher)."""
+
+_HINTS = 32
+"""The most hints :func:`completion` takes from one constraint."""
+
+_CANDIDATES = "a0A_-.:/@ " + string.printable
+
+
+def _example(pattern: str) -> str | None:
+    """A short string that ``pattern`` matches (the fewest repeats, the shortest branch), or None.
+
+    Built from the pattern's syntax tree as Python's ``re`` parses it (lookarounds ignored): a guess
+    the matcher checks, not a proof.
+    """
+    try:
+        from re import _parser  # type: ignore[attr-defined]  # the stdlib's regex parser (3.11+)
+
+        tree = _parser.parse(pattern)
+    except Exception:  # a pattern Python cannot parse, or another Python: no example
+        return None
+    groups: dict[int, str] = {}
+
+    def matches(ch: str, items: list[tuple[Any, Any]]) -> bool:
+        found, negate = False, False
+        for op, arg in items:
+            kind = str(op)
+            if kind == "NEGATE":
+                negate = True
+            elif kind == "LITERAL":
+                found |= ord(ch) == arg
+            elif kind == "RANGE":
+                found |= arg[0] <= ord(ch) <= arg[1]
+            elif kind == "CATEGORY":
+                name = str(arg)
+                test = (
+                    ch.isdigit() if "DIGIT" in name else ch.isspace() if "SPACE" in name else ch.isalnum() or ch == "_"
+                )
+                found |= test != ("NOT" in name)
+        return found != negate
+
+    def walk(seq: Any) -> str | None:
+        out: list[str] = []
+        for op, arg in seq:
+            kind = str(op)
+            piece: str | None = ""
+            if kind == "LITERAL":
+                piece = chr(arg)
+            elif kind in ("NOT_LITERAL", "ANY", "IN", "CATEGORY"):
+                items = {"NOT_LITERAL": [("NEGATE", None), ("LITERAL", arg)], "ANY": [("NEGATE", None)]}.get(
+                    kind, arg if kind == "IN" else [(op, arg)]
+                )
+                piece = next((ch for ch in _CANDIDATES if ch != "\n" and matches(ch, items)), None)
+            elif kind.endswith("_REPEAT"):
+                sub = walk(arg[2])
+                piece = None if sub is None else sub * arg[0]
+            elif kind == "SUBPATTERN":
+                piece = walk(arg[3])
+                if piece is not None and arg[0] is not None:
+                    groups[arg[0]] = piece
+            elif kind == "ATOMIC_GROUP":
+                piece = walk(arg)
+            elif kind == "BRANCH":
+                options = [text for text in map(walk, arg[1]) if text is not None]
+                piece = min(options, key=len) if options else None
+            elif kind == "GROUPREF":
+                piece = groups.get(arg, "")
+            elif kind not in ("AT", "ASSERT", "ASSERT_NOT"):
+                return None
+            if piece is None:
+                return None
+            out.append(piece)
+        return "".join(out)
+
+    return walk(tree)
+
+
+def _hints(matcher: Matcher) -> list[str]:
+    """Texts worth trying inside free text, from the constraint itself: the shortest examples of its
+    regexes (a JSON Schema's ``pattern`` strings, as JSON string content) and of its ``format`` strings.
+
+    Where a string must match a pattern, the masks alone may not show which character leads out (the
+    suffix of ``[A-Z_]+(_DEVICE|_LAYOUT)``, an unanchored pattern): without these the search is blind.
+    """
+    compiled = matcher.compiled
+    constraint = compiled.constraint
+    if isinstance(constraint, Regex):
+        found = _example(constraint.pattern)
+        return [found] if found else []
+    if not isinstance(constraint, JsonSchema):
+        return []
+
+    def walk(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found = _example(node["pattern"])
+                if found is not None:
+                    yield json.dumps(found)[1:-1]
+            if isinstance(node.get("format"), str) and node["format"] in _FORMATS:
+                yield _FORMATS[node["format"]]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    schema = compiled.engine_schema if compiled.engine_schema is not None else constraint.schema_value
+    return list(itertools.islice(dict.fromkeys(text for text in walk(schema) if text), _HINTS))
 
 
 Signature = tuple[str, int]
@@ -241,6 +370,7 @@ class _Node:
     probe: Matcher | None = None
     seen: frozenset[Signature] = frozenset()
     exits: frozenset[Signature] = frozenset()
+    text: int = 0  # a hash of the text from the start (``_Search`` level 2 only)
 
     def path(self) -> list[int]:
         node: _Node | None = self
@@ -251,35 +381,53 @@ class _Node:
         return [t for ids in reversed(steps) for t in ids]
 
 
+_MODULUS = (1 << 61) - 1
+
+
 class _Search:
     """The uniform-cost search of :func:`completion` (see there); one use.
+
+    ``level`` is how much it trusts signatures: 0 takes the first state of a signature on a path as
+    the same state whatever the path, and repeats apart by their text length; 1 tells every state
+    apart by its text length; 2 by its text (exact: a matcher's state is a function of its text),
+    without the shortcuts of the lower levels. A level that runs out of states before its bound has
+    merged states that differ (two keys of an object with optional keys: the same mask, different
+    keys still to come), and the next one is tried.
 
     A node's matcher is made (forked from its parent's) only when the node is expanded: a fork costs
     time linear in the tokens accepted, so the moves out of a node are tried on its own matcher and
     rolled back.
     """
 
-    def __init__(self, matcher: Matcher, encode: Encode, vocab: _Vocab, fanout: int) -> None:
-        self.encode, self.vocab, self.fanout = encode, vocab, fanout
+    def __init__(self, matcher: Matcher, encode: Encode, vocab: _Vocab, fanout: int, level: int) -> None:
+        self.encode, self.vocab, self.fanout, self.level = encode, vocab, fanout, level
         self.bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
         self.settled: set[tuple[Signature, int]] = set()
         self.queued: dict[tuple[Signature, int], int] = {}  # the cheapest cost queued per key
         self.moves: dict[Signature, list[list[int]]] = {}  # per signature, the moves that mattered
         self.root = matcher
+        spelled = (vocab.cover(text.encode(), 0)[0] for text in _hints(matcher))
+        self.hints = [ids for ids in spelled if ids]  # tried wherever free text is allowed
+        self.exhausted = False  # the last run found no state left to expand below its bound
 
     def _node(self, parent: _Node | None, ids: list[int], probe: Matcher) -> _Node:
         signature = _signature(probe, self.bitmask)
         size = (parent.size if parent else 0) + sum(len(self.vocab.pieces[t]) for t in ids)
         cost = (parent.cost if parent else 0) + len(ids)
+        if self.level == 2:
+            text = parent.text if parent else 0
+            for byte in b"".join(self.vocab.pieces[t] for t in ids):
+                text = (text * 257 + byte + 1) % _MODULUS
+            return _Node(parent, ids, cost, size, signature, (signature, text), text=text)
         # the first state of a signature on a path is one per signature, whatever the path (so
         # whitespace and the choice of a value do not multiply the search); a later one (the next
         # digit of \d{3}, the next array item, the next member's string) is kept apart by its length
-        repeat = parent is not None and signature in parent.seen
+        repeat = self.level == 1 or (parent is not None and signature in parent.seen)
         return _Node(parent, ids, cost, size, signature, (signature, size if repeat else -1))
 
     def _moves(self, node: _Node, probe: Matcher) -> list[list[int]]:
         """The moves out of ``node`` (see :func:`completion`), fewest tokens first."""
-        if node.signature in self.moves:  # met before on the way here: the moves that mattered then
+        if node.signature in self.moves and self.level < 2:  # met before on the way here: the moves that mattered
             return self.moves[node.signature]
         forced = node.signature[0]
         if forced:  # the fewest tokens that spell it, and those that spell it and run past it
@@ -293,11 +441,12 @@ class _Search:
         probe.fill_next_token_bitmask(self.bitmask)
         bits = _bits(self.bitmask)
         allowed = np.flatnonzero(bits & (self.vocab.rank >= 0))
+        hints = [ids for ids in self.hints if bits[ids[0]]]
         if len(allowed) > self.fanout:  # free text: its characters
             chars = self.vocab.char_ids[bits[self.vocab.char_ids] == 1]
             allowed = chars if len(chars) else allowed[: self.fanout]
         allowed = allowed[np.argsort(self.vocab.rank[allowed], kind="stable")]
-        return [[int(t)] for t in allowed]
+        return [[int(t)] for t in allowed] + hints
 
     def _known(self, node: _Node) -> bool:
         """Whether ``node``'s key was reached before, as cheaply."""
@@ -316,7 +465,7 @@ class _Search:
         looping = node.signature in self.moves
         children: list[_Node] = []
         useful: list[list[int]] = []
-        siblings: set[tuple[Signature, int]] = set()
+        siblings: set[object] = set()
         goal: list[int] | None = None
         for ids in self._moves(node, probe):
             if node.cost + len(ids) >= bound:
@@ -328,18 +477,20 @@ class _Search:
                     goal, bound = node.path() + ids, node.cost + len(ids)
                 else:
                     child = self._node(node, ids, probe)
-                    if (child.signature, child.size) not in siblings:
-                        siblings.add((child.signature, child.size))
+                    alike = child.key if self.level == 2 else (child.signature, child.size)
+                    if alike not in siblings:
+                        siblings.add(alike)
                         useful.append(ids)
                         children.append(child)
             probe.rollback(taken)
         if not looping:
             self.moves[node.signature] = useful
         node.exits = frozenset(c.signature for c in children if c.signature != node.signature)
-        if parent is not None and parent.signature == node.signature and node.exits == parent.exits:
-            # a repetition whose ways out are the same as one step before (the characters of a free
-            # string, the digits of a number): going on with it finds nothing new
-            children = [c for c in children if c.signature != node.signature]
+        if self.level < 2 and node.exits and parent is not None and parent.signature == node.signature:
+            if node.exits == parent.exits:
+                # a repetition whose ways out are the same as one step before (the characters of a
+                # free string, the digits of a number): going on with it finds nothing new
+                children = [c for c in children if c.signature != node.signature]
         return [c for c in children if not self._known(c)], goal
 
     def run(self, bound: int, max_nodes: int, deadline: float) -> list[int] | None:
@@ -366,6 +517,7 @@ class _Search:
                 if child.cost < bound:
                     self.queued[child.key] = child.cost
                     heapq.heappush(heap, (child.cost, -child.size, next(order), child))
+        self.exhausted = not heap
         return best
 
 
@@ -378,31 +530,44 @@ def completion(
     max_seconds: float = 0.5,
     fanout: int = FANOUT,
 ) -> list[int] | None:
-    """A short token sequence that completes ``matcher``'s match; ``[]`` if already complete; None if none found.
+    """A short token sequence that completes ``matcher``'s match, at most ``max_tokens`` long; ``[]`` if
+    already complete; None if none was found.
 
     First the greedy closing (an upper bound), then a uniform-cost search for fewer tokens: at most
     ``max_nodes`` expansions and ``max_seconds``; ``max_nodes=0`` gives the greedy closing alone.
-    Its moves from a state: the forced text (``encode``'s tokens), every allowed token where the
-    grammar allows at most ``fanout``, else every allowed single-character token (inside a free
-    string, every character). A state's signature is its forced text and next-token mask. States of
-    one signature are searched once, the cheapest (whitespace and values that lead to the same place
-    cost no more search), except a state whose signature was already met on the way to it (a counted
-    repetition such as ``[0-9]{3}``, a string's next character, the next array item): those are told
-    apart by their text length and expanded with the moves that mattered the first time. With exact
-    signatures the result is the fewest tokens; the signature is a stand-in for the grammar state,
-    which neither engine exposes, so in principle a shorter path can be missed (tests check the
-    minimum against brute force). The result is bounded by ``max_tokens`` and re-tokenized by
-    ``encode`` (a piece of text to ids, no special tokens) where that is shorter. Does not change
-    ``matcher``.
+    The moves out of a state: for forced text, the fewest tokens that spell it and the token
+    sequences that spell it and run past its end; else every allowed token where the grammar allows
+    at most ``fanout``, else every allowed single-character token (inside a free string, every
+    character). A state's signature is its forced text and next-token mask. The first state of a
+    signature on a path is searched once, the cheapest (whitespace and values that lead to the same
+    place cost no more search); a later one on the same path (the next digit of ``[0-9]{3}``, the
+    next item of an array with ``minItems``, the next member's string) is told apart by its text
+    length and expanded with the moves that mattered the first time; a repetition whose ways out
+    are those of one step before (a free string's characters) is not gone on with. With exact
+    signatures the result would be the fewest tokens; the signature stands in for the grammar state,
+    which neither engine exposes, so a shorter path can be missed in principle (tests check the
+    minimum against brute force).
+
+    The path found is re-tokenized by ``encode`` (a piece of text to ids, no special tokens) where
+    that is shorter: the search counts free text character by character, so it looks for paths up
+    to :data:`_SLACK` times ``max_tokens`` (plus 16) and keeps the one that re-tokenizes to at most
+    ``max_tokens``. Does not change ``matcher``.
     """
     vocab = _vocab(matcher.compiled.tokenizer)
-    best = _greedy(matcher, encode, vocab, max_tokens)
+    limit = _SLACK * max_tokens + 16
+    best = _greedy(matcher, encode, vocab, limit)
     if max_nodes > 0 and best != []:
-        bound = len(best) if best is not None else max_tokens + 1
-        search = _Search(matcher, encode, vocab, fanout)
-        found = search.run(bound, max_nodes, time.perf_counter() + max_seconds)
-        best = found if found is not None else best
-    return _retokenized(matcher, best, encode) if best else best
+        bound = len(best) if best is not None else limit + 1
+        deadline = time.perf_counter() + max_seconds
+        for level in range(3):
+            search = _Search(matcher, encode, vocab, fanout, level)
+            found = search.run(bound, max_nodes, deadline)
+            if found is not None or not search.exhausted:
+                best = found if found is not None else best
+                break
+    if best:
+        best = _retokenized(matcher, best, encode)
+    return best if best is None or len(best) <= max_tokens else None
 
 
 def _retokenized(matcher: Matcher, path: list[int], encode: Encode) -> list[int]:
@@ -426,6 +591,10 @@ class Budget:
     REFRESH_EVERY = 8
     """Far from the end, the closing length is re-estimated every this many tokens."""
 
+    SEARCH_SECONDS = 0.02
+    """When the greedy closing fails mid-generation, :func:`completion` searches this long (then not
+    again for :data:`REFRESH_EVERY` tokens, if it found nothing)."""
+
     def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int, *, initial: bool = False) -> None:
         """``initial``: ``matcher`` is in its constraint's initial state, so the closing path found
         is kept on the compiled constraint for the next request (``encode`` must be its tokenizer's)."""
@@ -448,6 +617,7 @@ class Budget:
             )
         self.estimate = len(plan)  # tokens the closing path needs, as last computed
         self._steps = 0
+        self._search_after = 0  # the step from which a failed greedy closing may be searched for again
         self._next: list[int] | None = plan  # the closing path from the matcher's current state
 
     def vet(self, token: int, remaining: int) -> int | None:
@@ -466,6 +636,9 @@ class Budget:
             return token
         if plan is None:  # bounded past the budget too: if a token broke it, closing is the best effort
             plan = completion(self.matcher, self.encode, max_tokens=2 * remaining + 64, max_nodes=0)
+        if plan is None and self._steps >= self._search_after:  # the greedy closing failed: search a little
+            plan = completion(self.matcher, self.encode, max_tokens=2 * remaining + 64, max_seconds=self.SEARCH_SECONDS)
+            self._search_after = self._steps + (self.REFRESH_EVERY if plan is None else 0)
         if plan is None:  # no closing found from here: nothing to steer by
             return token
         self.estimate = len(plan)

@@ -46,8 +46,8 @@ Frame = frozenset[bytes] | None
 class _Vocab:
     texts: list[bytes]  # per token id, its bytes (b"" for special tokens)
     sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
-    sorted_ids: np.ndarray  # [n] int64: the token id of each sorted text
-    multi_quote: np.ndarray  # [m] int64: ids of the tokens holding two or more '"'
+    sorted_ids: list[int]  # the token id of each sorted text
+    multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,10 +56,9 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
     texts = [b"" if i in special else bytes(t) for i, t in enumerate(info.xgr_info.decoded_vocab)]
     texts += [b""] * (info.vocab_size - len(texts))
     order = sorted((t, i) for i, t in enumerate(texts) if t)
-    multi = [i for i, t in enumerate(texts) if t.count(b'"') >= 2]
-    return _Vocab(
-        texts, [t for t, _ in order], np.array([i for _, i in order], dtype=np.int64), np.array(multi, dtype=np.int64)
-    )
+    quotes = [t.count(b'"') for t in texts]
+    multi = tuple(np.array([i for i, n in enumerate(quotes) if n >= least], dtype=np.int64) for least in (2, 3))
+    return _Vocab(texts, [t for t, _ in order], [i for _, i in order], (multi[0], multi[1]))
 
 
 def _scan(mode: int, stack: tuple[Frame, ...], key: bytes, data: bytes) -> tuple[int, tuple[Frame, ...], bytes, bool]:
@@ -137,24 +136,20 @@ class KeyState:
             return  # no object holds a key yet (a token completing two equal keys at once is not a word)
         words = row.numpy()  # [ceil(V / 32)] int32, a view: writes go to ``row``
         vocab = self.vocab
+        banned: list[int] = []
         if self.mode in (_IN_KEY, _KEY_ESCAPE):
             for written in self.stack[-1] or ():
                 if written.startswith(self.key):
                     prefix = written[len(self.key) :] + b'"'
                     lo = bisect.bisect_left(vocab.sorted_texts, prefix)
-                    hi = bisect.bisect_left(vocab.sorted_texts, prefix + b"\xff")
-                    _clear(words, vocab.sorted_ids[lo:hi])
-        ids = vocab.multi_quote
-        allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]
-        _clear(words, np.array([t for t in allowed.tolist() if self.advance(t) is None], dtype=np.int64))
-
-
-def _clear(
-    words: np.ndarray,  # [ceil(V / 32)] int32
-    ids: np.ndarray,  # [n] int64 token ids
-) -> None:
-    if ids.size:
-        np.bitwise_and.at(words, ids >> 5, ~np.left_shift(np.int64(1), ids & 31).astype(np.uint32).view(np.int32))
+                    hi = bisect.bisect_left(vocab.sorted_texts, prefix + b"\xff", lo)
+                    banned += vocab.sorted_ids[lo:hi]
+        # from inside a string value, a token must close it, then open and close a key: three quotes
+        ids = vocab.multi_quote[self.mode == _IN_STRING]  # [m] int64
+        allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]  # [k] int64
+        banned += [token for token in allowed.tolist() if self.advance(token) is None]
+        for token in banned:  # Python's ints clear a bit of a negative int32 and stay in its range
+            words[token >> 5] = int(words[token >> 5]) & ~(1 << (token & 31))
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

@@ -439,7 +439,7 @@ class _Preparer:
         """
         if "properties" in out:  # a branch that only lists required keys is left open: its siblings describe them
             props = out["properties"]
-            described = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            described: Any = node.get("properties") if isinstance(node.get("properties"), dict) else {}
             for name in out.get("required", ()):
                 if isinstance(name, str) and name not in described:
                     props.setdefault(name, {})
@@ -476,7 +476,7 @@ node as the schema has it."""
 
 def _says_what_else(node: dict[str, Any]) -> bool:
     """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
-    branches = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+    branches: Any = node.get("allOf") if isinstance(node.get("allOf"), list) else []
     return any(isinstance(n, dict) and any(k in n for k in _SAYS_WHAT_ELSE) for n in [node, *branches])
 
 

@@ -19,7 +19,7 @@ import torch
 
 from constrain.compiler import CompiledConstraint
 from constrain.compiler import compile as compile_constraint
-from constrain.constraints import json_schema
+from constrain.constraints import SEPARATORS, JsonSchema, json_schema
 from constrain.errors import ConstraintError
 from constrain.matcher import Matcher, allocate_token_bitmask
 
@@ -273,6 +273,10 @@ def _hypothesis_jsonschema_compat() -> Iterator[None]:
         _from_schema.cu = saved  # type: ignore[attr-defined]
 
 
+_UNRAISABLE = frozenset({"__del__", "gc_callback"})
+"""Functions an exception cannot leave (Python reports it as unraisable): the time limit waits them out."""
+
+
 def hypothesis_instances(schema: Any, *, count: int = 3, seed: int = 0, time_limit_s: float = 1.0) -> list[Any]:
     """Up to ``count`` instances of ``schema`` drawn by hypothesis-jsonschema, the same for the same ``seed``.
 
@@ -295,7 +299,11 @@ def hypothesis_instances(schema: Any, *, count: int = 3, seed: int = 0, time_lim
         return drawn
     armed = True  # an alarm that fires once generation has ended is ignored
 
-    def out_of_time(*_: Any) -> None:
+    def out_of_time(_: int, frame: Any) -> None:
+        while frame is not None:  # raising in a finalizer or gc callback is "ignored": wait for the next alarm
+            if frame.f_code.co_name in _UNRAISABLE:
+                return
+            frame = frame.f_back
         if armed:
             raise _HypothesisOutOfTime
 
@@ -670,6 +678,7 @@ class DifferentialCounts:
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> texts, disagreements
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # cause -> a few disagreements
     refusals: list[str] = field(default_factory=list)  # "name (engine): error", the first 200
+    errors: list[str] = field(default_factory=list)  # an engine raised on a text: "name: error", the first 200
 
     @property
     def agreements(self) -> int:
@@ -695,6 +704,7 @@ class DifferentialCounts:
             kept = self.examples.setdefault(cause, [])
             kept += found[: max(0, examples_per_cause - len(kept))]
         self.refusals += other.refusals[: max(0, 200 - len(self.refusals))]
+        self.errors += other.errors[: max(0, 200 - len(self.errors))]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "agreements": self.agreements, "disagreements": self.disagreements}
@@ -703,37 +713,53 @@ class DifferentialCounts:
 @dataclass(frozen=True)
 class _Text:
     source: str  # "maskbench valid", "hypothesis", "mutation: change type"...
-    variant: str  # how it was written: "compact", "compact, schema order", "json.dumps"; "text" (a text mutation)
+    variant: str  # how it was written: "json.dumps", "compact", "generation's form" (+ ", schema order"); "text"
     text: str
     data: Any = None  # the value written; None for a text mutation
     base: str | None = None  # a text mutation's unmutated text
+    separators: tuple[str, str] = (", ", ": ")  # how ``data`` was written
+    ensure_ascii: bool = True
+
+    def rewrite(self, data: Any, *, separators: tuple[str, str] | None = None, ensure_ascii: bool | None = None) -> str:
+        """``data`` written as this text was, but for the options given."""
+        return json.dumps(
+            data,
+            separators=self.separators if separators is None else separators,
+            ensure_ascii=self.ensure_ascii if ensure_ascii is None else ensure_ascii,
+        )
 
 
-def _compact(data: Any) -> str:
-    """How generation writes ``data``."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+def _mode_texts(
+    instances: list[tuple[str, Any]], mutated: list[tuple[str, Any]], base: Any, mode: str, constraint: JsonSchema,
+    prepared: Any,
+) -> list[_Text]:  # fmt: skip
+    """The texts a mode compares, each once.
 
-
-def _mode_texts(instances: list[tuple[str, Any]], mutated: list[tuple[str, Any]], base: Any, mode: str,
-                prepared: Any) -> list[_Text]:  # fmt: skip
-    """The texts a mode compares, each once: ``instances`` written as the mode writes them (generation:
-    compact, as given and in the schema's key order; specification: ``json.dumps`` and compact), the
-    ``mutated`` values written once (in the schema's order: generation compact, specification
+    ``instances`` written as the mode writes them: generation as it writes a value (``constraint``'s
+    separators, no ``\\u`` escapes), with the keys as given and in the schema's order;
+    specification with ``json.dumps`` (ASCII, ``", "`` and ``": "``) and compactly (``(",", ":")``,
+    UTF-8). The ``mutated`` values written once, keys in the schema's order (generation's form, or
     ``json.dumps``), and the :func:`text_mutations` of ``base`` so written."""
-    write = _compact if mode == "generation" else json.dumps
+    generation = (SEPARATORS.get(constraint.whitespace, (",", ":")), False)
+    forms = (
+        [("generation's form", *generation)]
+        if mode == "generation"
+        else [("json.dumps", (", ", ": "), True), ("compact", (",", ":"), False)]
+    )
     texts: list[_Text] = []
     for source, data in instances:
-        if mode == "generation":
-            texts.append(_Text(source, "compact", _compact(data), data))
-            texts.append(_Text(source, "compact, schema order", _compact(schema_ordered(data, prepared)), data))
-        else:
-            texts.append(_Text(source, "json.dumps", json.dumps(data), data))
-            texts.append(_Text(source, "compact", _compact(data), data))
-    variant = "compact, schema order" if mode == "generation" else "json.dumps, schema order"
+        for name, separators, ascii_only in forms:
+            texts.append(_Text(source, name, json.dumps(data, separators=separators, ensure_ascii=ascii_only), data,
+                               None, separators, ascii_only))  # fmt: skip
+            if mode == "generation":
+                ordered = json.dumps(schema_ordered(data, prepared), separators=separators, ensure_ascii=ascii_only)
+                texts.append(_Text(source, f"{name}, schema order", ordered, data, None, separators, ascii_only))
+    name, separators, ascii_only = forms[0]
     for source, data in mutated:
-        texts.append(_Text(source, variant, write(schema_ordered(data, prepared)), data))
+        written = json.dumps(schema_ordered(data, prepared), separators=separators, ensure_ascii=ascii_only)
+        texts.append(_Text(source, f"{name}, schema order", written, data, None, separators, ascii_only))
     if base is not None:
-        written = write(schema_ordered(base, prepared))
+        written = json.dumps(schema_ordered(base, prepared), separators=separators, ensure_ascii=ascii_only)
         texts += [_Text(f"mutation: {label}", "text", text, None, written) for label, text in text_mutations(written)]
     unique: dict[str, _Text] = {}
     for t in texts:
@@ -748,6 +774,7 @@ class _Verdicts:
         self.compiled = compiled
         self.tokenizer = tokenizer
         self._seen: dict[str, tuple[dict[str, bool], dict[str, int]]] = {}
+        self._refused: dict[tuple[str, str], str] = {}  # (text, engine) -> the token its mask refused
 
     def __call__(self, text: str) -> tuple[dict[str, bool], dict[str, int]]:
         """Per engine: whether it accepts ``text`` (every token allowed by the mask, then the grammar can
@@ -761,8 +788,21 @@ class _Verdicts:
                 ok, matcher = walk(compiled, ids)
                 accepted[engine] = ok and matcher.is_completed()
                 stops[engine] = len(text) if ok else len(self.tokenizer.decode(ids[: matcher.num_accepted]))
+                if not ok:
+                    self._refused[text, engine] = self.tokenizer.decode(
+                        ids[matcher.num_accepted : matcher.num_accepted + 1]
+                    )
             self._seen[text] = accepted, stops
         return self._seen[text]
+
+    def refused_token(self, text: str, engine: str) -> str:
+        """The text of the token ``engine`` refused in ``text`` ("" if it took every token)."""
+        return self._refused.get((text, engine), "")
+
+    def grammar_accepts(self, engine: str, text: str) -> bool:
+        """Whether ``engine`` takes every token of ``text`` by ``accept_token`` alone (no mask), then can end."""
+        matcher = self.compiled[engine].matcher()
+        return all(matcher.accept_token(t) for t in token_ids(self.tokenizer, text)) and matcher.is_completed()
 
     def agree(self, text: str) -> bool | None:
         """Whether both engines give ``text`` the same verdict; None if it cannot be tokenized."""
@@ -789,36 +829,137 @@ def _classify(t: _Text, verdicts: _Verdicts, accepting: str, prepared: Any) -> t
     """The likely cause of a disagreement on ``t``, and whether the accepting engine's ``validate``
     flags ``t`` (its grammar admits a superset there and reports the violation).
 
-    In order: a text mutation the engines agree on without (``duplicate key``, ``whitespace``); a text
-    the engines agree on once its keys are in the schema's order (``key order``); a ``json.dumps`` text
-    they agree on written compactly (``whitespace``) or without ``\\u`` escapes (``unicode escape``); a
-    keyword the accepting engine only checks afterwards (``<engine> grammar superset: <keyword>``);
-    else what the schema says where the rejecting engine stopped (:func:`_located_cause`)."""
+    In order: a text mutation the engines agree on without (``duplicate key``, ``whitespace``); a
+    specification-mode text the engines agree on once its keys are in the schema's order (``key order``);
+    a ``json.dumps`` text they agree on written compactly (``whitespace``) or without ``\\u`` escapes
+    (``unicode escape``); the
+    rejecting engine's grammar that takes the text token by token though its mask excluded one
+    (``<engine> mask narrower than its grammar``); a keyword the accepting engine only checks
+    afterwards (``<engine> grammar superset: <keyword>``);
+    else, along the path to where the rejecting engine stopped (and inside a value it refused), ``anyOf``
+    beside other keywords, a required key ``properties`` does not declare, a property named like an
+    annotation (xgrammar), an escape the rejecting engine refused inside a string; else, when the accepting
+    engine's ``validate`` flags the text, the keyword it reports (``<engine> accepts a violation of
+    <keyword>``); else what the schema says where the rejecting engine stopped (:func:`_located_cause`)."""
     compiled = verdicts.compiled
     rejecting = next(e for e in DIFFERENTIAL_ENGINES if e != accepting)
     flagged = bool(compiled[accepting].validate(t.text))
     if t.base is not None and verdicts.agree(t.base):
         return ("duplicate key" if t.source == "mutation: duplicate key" else "whitespace"), flagged
     if t.data is not None:
-        render = json.dumps if t.variant.startswith("json.dumps") else _compact
-        ordered = render(schema_ordered(t.data, prepared))
-        if ordered != t.text and verdicts.agree(ordered):
+        data = schema_ordered(t.data, prepared)
+        specification = not t.variant.startswith("generation")  # generation's language has one key order
+        if specification and t.rewrite(data) != t.text and verdicts.agree(t.rewrite(data)):
             return "key order", flagged
-        if t.variant.startswith("json.dumps"):
-            data = schema_ordered(t.data, prepared)
-            if verdicts.agree(json.dumps(data, separators=(",", ":"))):
-                return "whitespace", flagged
-            if "\\u" in t.text and verdicts.agree(json.dumps(data, ensure_ascii=False)):
-                return "unicode escape", flagged
+        if t.variant.startswith("json.dumps") and verdicts.agree(t.rewrite(data, separators=(",", ":"))):
+            return "whitespace", flagged
+        if t.ensure_ascii and "\\u" in t.text and verdicts.agree(t.rewrite(data, ensure_ascii=False)):
+            return "unicode escape", flagged
+    if verdicts.grammar_accepts(rejecting, t.text):
+        return f"{rejecting} mask narrower than its grammar", flagged
     superset = _superset_keywords(compiled[accepting], compiled[rejecting])
     if flagged and superset:
         return f"{accepting} grammar superset: {'/'.join(superset)}", flagged
     _, stops = verdicts(t.text)
     path, where = _json_context(t.text, stops[rejecting])
     candidates = _alternatives(prepared, prepared)
+    along = list(candidates)  # every subschema from the root down to where the rejecting engine stopped
     for part in path:
         candidates = _member_schemas(candidates, part, prepared)
+        along += candidates
+    if where == "value":  # the rejecting engine refused the whole value: what is inside matters too
+        along += _subtree(candidates, prepared)
+    if any(("anyOf" in c or "oneOf" in c) and any(k in c for k in _BESIDE_BRANCHES) for c in along):
+        return "keywords beside anyOf", flagged
+    if any(set(c.get("required") or ()) - set(c.get("properties") or ()) for c in along):
+        return "required key not in properties", flagged
+    if rejecting == "xgrammar" and any(_ANNOTATION_NAMES & set(c.get("properties") or ()) for c in along):
+        return "property named like an annotation", flagged
+    if where == "string" and "\\" in verdicts.refused_token(t.text, rejecting):
+        return f"string: escape{_string_keywords(candidates)}", flagged
+    if flagged:
+        return f"{accepting} accepts a violation of {_violated(compiled[accepting].validate(t.text)[0])}", flagged
     return _located_cause(where, candidates), flagged
+
+
+_VIOLATIONS = (
+    ("is a required property", "required"),
+    ("is not of type", "type"),
+    ("is not one of", "enum"),
+    ("was expected", "const"),
+    ("does not match", "pattern"),
+    ("is not a '", "format"),
+    ("Additional properties are not allowed", "additionalProperties"),
+    ("do not match any of the regexes", "additionalProperties"),
+    ("properties", "minProperties/maxProperties"),
+    ("is too long", "maxLength/maxItems"),
+    ("is too short", "minLength/minItems"),
+    ("should be non-empty", "minLength/minItems"),
+    ("is expected to be empty", "maxLength/maxItems"),
+    ("than the m", "minimum/maximum"),
+    ("multiple of", "multipleOf"),
+    ("non-unique elements", "uniqueItems"),
+    ("is not valid under any of the given schemas", "anyOf/oneOf"),
+    ("is valid under each of", "oneOf"),
+    ("is a dependency of", "dependentRequired"),
+    ("not valid JSON", "JSON syntax"),
+)
+"""A ``validate`` message (``jsonschema``'s wording) -> the keyword it reports, first match wins."""
+
+
+def _violated(message: str) -> str:
+    """The keyword a :meth:`~constrain.compiler.CompiledConstraint.validate` message reports."""
+    return next((keyword for words, keyword in _VIOLATIONS if words in message), "another keyword")
+
+
+_ANNOTATION_NAMES = frozenset({"description", "title", "default", "examples"})
+"""Property names xgrammar 0.2.8's schema converter loses in a closed object when an object that differs
+only by them was converted before (it reuses that object's rule)."""
+
+
+def _string_keywords(candidates: list[dict[str, Any]]) -> str:
+    """`` in a length-bounded string``, `` in a pattern string``, or ``""``: what constrains a string."""
+    if any("minLength" in c or "maxLength" in c for c in candidates):
+        return " in a length-bounded string"
+    if any("pattern" in c or "format" in c for c in candidates):
+        return " in a pattern or format string"
+    return ""
+
+
+def _subtree(candidates: list[dict[str, Any]], root: Any, limit: int = 500) -> list[dict[str, Any]]:
+    """The subschemas nested in ``candidates`` (members, items, branches, references), up to ``limit``."""
+    found: list[dict[str, Any]] = []
+    seen = {id(c) for c in candidates}
+    pending = list(candidates)
+    while pending and len(found) < limit:
+        node = pending.pop()
+        nested: list[Any] = []
+        for key in ("properties", "patternProperties"):
+            if isinstance(node.get(key), dict):
+                nested += node[key].values()
+        for key in ("items", "additionalProperties", "not"):
+            nested.append(node.get(key))
+        for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+            if isinstance(node.get(key), list):
+                nested += node[key]
+        if isinstance(node.get("$ref"), str):
+            nested.append(_resolve(root, node["$ref"]))
+        for sub in nested:
+            if isinstance(sub, dict) and id(sub) not in seen:
+                seen.add(id(sub))
+                found.append(sub)
+                pending.append(sub)
+    return found
+
+
+_BESIDE_BRANCHES = frozenset(
+    {
+        "properties", "required", "additionalProperties", "patternProperties", "items", "prefixItems",
+        "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "enum", "const", "minimum",
+        "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
+    }
+)  # fmt: skip
+"""Keywords that constrain a value beside its ``anyOf``/``oneOf`` (the prepared schema keeps some there)."""
 
 
 def run_differential(
@@ -839,7 +980,8 @@ def run_differential(
     Instances: ``tests`` (MaskBench's ``[{"valid": bool, "data": ...}]``), up to ``hypothesis_count``
     drawn by :func:`hypothesis_instances`, and the :func:`mutations` and :func:`text_mutations` of
     the first valid one (MaskBench's, else the first drawn). Each is written as the mode writes it
-    (see :func:`_mode_texts`), then walked through both engines' masks (:func:`walk`) and
+    (generation: as it writes a value, keys as given and in the schema's order; specification:
+    ``json.dumps`` and compact; see :func:`_mode_texts`), then walked through both engines' masks (:func:`walk`) and
     ``is_completed``. A schema an engine refuses (a :class:`~constrain.errors.ConstraintError`: a
     keyword, a compile past ``compile_timeout_s``) is counted refused for it, not compared. Texts
     over ``max_chars`` characters are skipped (counted). Deterministic for a given ``seed``.
@@ -868,14 +1010,17 @@ def run_differential(
         if base is not None:
             mutated = [(f"mutation: {label}", d) for label, d in mutations(schema_ordered(base, prepared), prepared)]
         verdicts = _Verdicts(compiled, tokenizer)
-        for t in _mode_texts(instances, mutated, base, mode, prepared):
+        for t in _mode_texts(instances, mutated, base, mode, constraint, prepared):
             if len(t.text) > max_chars:
                 c.skipped += 1
                 continue
             try:
                 accepted, _ = verdicts(t.text)
-            except ValueError:
+            except ValueError:  # the tokenizer does not round-trip the text
                 c.skipped += 1
+                continue
+            except Exception as err:  # an engine failed: reported, the run goes on
+                c.errors.append(f"{name} ({t.source}): {type(err).__name__}: {str(err)[:200]}")
                 continue
             c.texts += 1
             source = c.by_source.setdefault(t.source, {"texts": 0, "disagreements": 0})
@@ -888,7 +1033,11 @@ def run_differential(
             c.xgrammar_only += winner == "xgrammar"
             c.llguidance_only += winner == "llguidance"
             source["disagreements"] += 1
-            cause, flagged = _classify(t, verdicts, winner, prepared)
+            try:
+                cause, flagged = _classify(t, verdicts, winner, prepared)
+            except Exception as err:  # an engine failed on a variant of the text
+                cause, flagged = "unclassified (an engine raised)", False
+                c.errors.append(f"{name} ({t.source}, classifying): {type(err).__name__}: {str(err)[:200]}")
             tally = c.causes.setdefault(cause, {"xgrammar": 0, "llguidance": 0, "validated": 0})
             tally[winner] += 1
             tally["validated"] += flagged
@@ -896,7 +1045,7 @@ def run_differential(
             if len(kept) < examples_per_cause:
                 kept.append(
                     {"schema": name, "source": t.source, "variant": t.variant, "accepted_by": winner,
-                     "validate_flags": flagged, "text": t.text[:600]}
+                     "validate_flags": flagged, "text": t.text}
                 )  # fmt: skip
     return counts
 

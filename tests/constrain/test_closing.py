@@ -34,10 +34,75 @@ def brute_force(matcher: constrain.Matcher, alphabet: str = ALPHABET, limit: int
     return None
 
 
-def by_character(tokenizer):
-    """An ``encode`` that spells text one single-character token at a time (so tokens == characters)."""
-    vocab = {tokenizer.decode([i]): i for i in range(len(tokenizer))}
-    return lambda text: [vocab[ch] for ch in text]
+def _byte_level_tokenizer(vocab_size: int, corpus: list[str]):
+    """A byte-level BPE tokenizer trained here: 256 byte tokens, ``<eos>``, then merges up to ``vocab_size``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )  # fmt: skip
+    tokenizer.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def small_bpe():
+    """320 tokens: the 256 bytes, ``<eos>`` and 63 merges learned from JSON (``{"``, ``":``, ``"ab"}``,
+    ``true``, ``AB-012``, ``, "`` ...): small enough to search every token sequence by brute force."""
+    values = [0, 1, 12, -3, True, False, None, "ab", "", "AB-012", [1, 2], {"a": 1}, {"b": [True]}, "x"]
+    keys = ["a", "b", "c", "id", "kids", "v", "x", "y", "tags", "name"]
+    corpus = []
+    for i, (first, second) in enumerate((k1, k2) for k1 in keys for k2 in keys):
+        member = {first: values[i % len(values)], second: values[(i * 7) % len(values)]}
+        corpus += [json.dumps(member, separators=(",", ":")), json.dumps(member), json.dumps([member, values[i % 14]])]
+    return _byte_level_tokenizer(320, corpus)
+
+
+@pytest.fixture(scope="module")
+def byte_tokens():
+    """The 256 bytes and ``<eos>``, no merges: a token is a character (of ASCII text)."""
+    return _byte_level_tokenizer(257, ["{}"])
+
+
+def fewest_tokens(matcher: constrain.Matcher, *, limit: int = 24, cap: int = 20_000) -> int:
+    """The fewest tokens that complete ``matcher``'s match: breadth-first over every allowed token (the
+    mask), states told apart by their text (a matcher's state is a function of the text it took)."""
+    compiled = matcher.compiled
+    pieces = compiled.tokenizer.xgr_info.decoded_vocab
+    eos = set(compiled.tokenizer.eos_token_ids)
+    bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+    frontier, seen = {b"": matcher.fork()}, {b""}
+    for depth in range(1, limit + 1):
+        reached = {}
+        for text, probe in frontier.items():
+            probe.fill_next_token_bitmask(bitmask)
+            for token in sorted(allowed_ids(bitmask[0], compiled.vocab_size) - eos):
+                after = text + pieces[token]
+                if after in seen:
+                    continue
+                seen.add(after)
+                child = probe.fork()
+                assert child.accept_token(token)
+                if child.is_completed():
+                    return depth
+                reached[after] = child
+        assert len(seen) <= cap, "the brute force is too large for this case"
+        frontier = reached
+    raise AssertionError(f"no completion within {limit} tokens")
+
+
+def own_tokens(tokenizer):
+    """An ``encode``: the tokenizer's own tokens for a piece of text."""
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+def closed_schema(schema, whitespace):
+    return constrain.json_schema(schema, whitespace=whitespace, property_order="schema", closed=True)
 
 
 CLOSED = {"additionalProperties": False}
@@ -63,16 +128,16 @@ PREFIXES = {  # compact JSON, as the constraints below are
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
-def test_closing_search_matches_brute_force_on_schemas(smol_tokenizer, name):
-    compiled = constrain.compile(constrain.json_schema(SCHEMAS[name], whitespace="compact"), smol_tokenizer)
-    encode = by_character(smol_tokenizer)
+def test_closing_search_matches_brute_force_on_schemas(byte_tokens, name):
+    compiled = constrain.compile(constrain.json_schema(SCHEMAS[name], whitespace="compact"), byte_tokens)
+    encode = own_tokens(byte_tokens)
     for prefix in PREFIXES[name]:
         matcher = compiled.matcher()
         assert matcher.accept_string(prefix) or not prefix
-        found = completion(matcher, encode, max_nodes=5000, fanout=0)
+        found = completion(matcher, encode)
         assert found is not None
         expected = brute_force(matcher)
-        assert len(found) == expected, (prefix, smol_tokenizer.decode(found))
+        assert len(found) == expected, (prefix, byte_tokens.decode(found))
         # the completion really completes, and leaves the matcher untouched
         probe = matcher.fork()
         assert probe.accept_tokens(found) == len(found) and probe.is_completed()
@@ -87,10 +152,10 @@ def test_closing_search_matches_brute_force_on_schemas(smol_tokenizer, name):
         (constrain.choice(["tab", "tn", "ab-ab-ab"]), "a"),
     ],
 )
-def test_closing_search_matches_brute_force_on_grammars(smol_tokenizer, constraint, prefix):
-    matcher = constrain.compile(constraint, smol_tokenizer).matcher()
+def test_closing_search_matches_brute_force_on_grammars(byte_tokens, constraint, prefix):
+    matcher = constrain.compile(constraint, byte_tokens).matcher()
     assert matcher.accept_string(prefix)
-    found = completion(matcher, by_character(smol_tokenizer), max_nodes=5000, fanout=0)
+    found = completion(matcher, own_tokens(byte_tokens))
     alphabet = ALPHABET + "()+*"
     assert found is not None and len(found) == brute_force(matcher, alphabet)
 
@@ -103,6 +168,169 @@ def test_real_tokenization_is_no_longer_than_characters(smol_tokenizer):
     assert found is not None and len(found) <= len(smol_tokenizer.decode(found))
     probe = m.fork()
     assert probe.accept_tokens(found) == len(found) and probe.is_completed()
+
+
+NESTED = {"type": "object", "required": ["a"], "properties": {"a": {"type": "object", "required": ["b"], "properties": {
+    "b": {"type": "object", "required": ["c"], "properties": {"c": {"type": "integer"}}}}}}}  # fmt: skip
+FEWEST_CASES = {
+    "nested": NESTED,
+    "required fields": {"type": "object", "required": ["id", "v", "tags"], "properties": {"id": {"enum": ["ab", "x"]},
+                        "v": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "null"}}}},
+    "minItems of objects": {"type": "array", "minItems": 3, "items": {"type": "object", "required": ["x"],
+                            "properties": {"x": {"type": "null"}}}},
+    "pattern items": {"type": "array", "items": {"type": "string", "pattern": "^[AB]{2}-[0-2]{3}$"}, "minItems": 2},
+    "tree": {"$defs": {"n": {"type": "object", "required": ["v", "kids"], "properties": {
+             "v": {"type": "integer", "minimum": 0, "maximum": 2},
+             "kids": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}, {"type": "null"}]}}}},
+             "$ref": "#/$defs/n"},
+    "tree, base case in the items": {"$defs": {"n": {"type": "object", "required": ["kids"], "properties": {"kids": {
+        "type": "array", "minItems": 1, "items": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}}},
+        "$ref": "#/$defs/n"},
+}  # fmt: skip
+# "single" whitespace multiplies the brute force's states: only the cases it finishes quickly
+FEWEST = [(name, "compact") for name in FEWEST_CASES] + [
+    (name, "single") for name in ("nested", "pattern items", "tree", "tree, base case in the items")
+]
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize(("name", "whitespace"), FEWEST, ids=[f"{n}-{w}" for n, w in FEWEST])
+def test_closing_path_is_the_fewest_tokens(small_bpe, engine, name, whitespace):
+    """Against every token sequence (brute force on a 320-token vocabulary): the closing path is the
+    shortest, and a budget refuses exactly the ``max_tokens`` below it."""
+    compiled = constrain.compile(closed_schema(FEWEST_CASES[name], whitespace), small_bpe, engine=engine)
+    encode = own_tokens(small_bpe)
+    matcher = compiled.matcher()
+    found = completion(matcher, encode)
+    assert found is not None
+    fewest = fewest_tokens(matcher)
+    assert len(found) == fewest, small_bpe.decode(found)
+    probe = matcher.fork()
+    assert probe.accept_tokens(found) == len(found) and probe.is_completed()
+    assert matcher.num_accepted == 0
+    jsonschema.validate(json.loads(small_bpe.decode(found)), FEWEST_CASES[name])
+    for max_tokens in (fewest, fewest + 1):
+        assert closing.Budget(compiled.matcher(), encode, max_tokens).estimate == fewest
+    with pytest.raises(constrain.BudgetError):
+        closing.Budget(compiled.matcher(), encode, fewest - 1)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "prefix", "engines"),
+    [
+        (constrain.regex(r"a(bb)+3?-[0-3]{2}"), "", ("xgrammar", "llguidance")),
+        (constrain.regex(r"(ab|cd)+e{2}"), "c", ("xgrammar", "llguidance")),
+        (constrain.regex(r"[0-9]{2}(x|AB-012)"), "1", ("xgrammar", "llguidance")),
+        (constrain.choice(["tab", "tn", "ab-ab-ab", "AB-012x"]), "", ("xgrammar",)),
+        (constrain.grammar("arithmetic"), "(1+(2", ("xgrammar",)),
+    ],
+)
+def test_closing_path_is_the_fewest_tokens_on_grammars(small_bpe, constraint, prefix, engines):
+    encode = own_tokens(small_bpe)
+    for engine in engines:
+        matcher = constrain.compile(constraint, small_bpe, engine=engine).matcher()
+        assert matcher.accept_string(prefix) or not prefix
+        found = completion(matcher, encode)
+        assert found is not None and len(found) == fewest_tokens(matcher), (engine, small_bpe.decode(found))
+
+
+# the issue's shapes, each with its shortest valid output: in compact JSON, with one token per character,
+# nothing shorter is valid (every character of it is forced, or the shortest value of its type)
+SHORTEST = {
+    "nested objects": (NESTED, '{"a":{"b":{"c":0}}}'),
+    "four required fields": (
+        {"type": "object", "required": ["name", "id", "count", "codes"], "properties": {
+         "name": {"type": "string"}, "id": {"type": "string", "pattern": "^[a-z]{3}-[0-9]{2}$"},
+         "count": {"type": "integer"},
+         "codes": {"type": "array", "items": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, "minItems": 1}}},
+        '{"name":"","id":"aaa-00","count":0,"codes":["AA-000"]}',
+    ),
+    "minItems 3 of objects": (
+        {"type": "array", "minItems": 3, "items": {"type": "object", "required": ["x", "y"],
+         "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}}},
+        '[{"x":0,"y":""},{"x":0,"y":""},{"x":0,"y":""}]',
+    ),
+    "pattern strings in an array": (
+        {"type": "array", "items": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, "minItems": 2},
+        '["AA-000","AA-000"]',
+    ),
+    "recursive tree": (
+        {"$defs": {"node": {"type": "object", "required": ["name", "children"], "properties": {
+         "name": {"type": "string"}, "children": {"anyOf": [
+             {"type": "array", "items": {"$ref": "#/$defs/node"}, "minItems": 1}, {"type": "null"}]}}}},
+         "$ref": "#/$defs/node"},
+        '{"name":"","children":null}',
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("whitespace", ["single", "compact"])
+@pytest.mark.parametrize("name", SHORTEST)
+def test_budget_error_only_when_no_valid_output_fits(byte_tokens, engine, whitespace, name):
+    """One token per character: the shortest output is known, and budgets from its length up must pass
+    (the issue: refused at budgets well above it), one less must fail."""
+    schema, shortest = SHORTEST[name]
+    jsonschema.validate(json.loads(shortest), schema)
+    compiled = constrain.compile(closed_schema(schema, whitespace), byte_tokens, engine=engine)
+    encode = own_tokens(byte_tokens)
+    witness = compiled.matcher()
+    assert witness.accept_tokens(encode(shortest)) == len(shortest) and witness.is_completed()
+    for max_tokens in (len(shortest), len(shortest) + 1):
+        budget = closing.Budget(compiled.matcher(), encode, max_tokens)
+        assert budget.estimate == len(shortest)
+    with pytest.raises(constrain.BudgetError, match=f"max_tokens={len(shortest) - 1}"):
+        closing.Budget(compiled.matcher(), encode, len(shortest) - 1)
+
+
+# a MaskBench schema (Github_medium---o76764) refused at max_tokens=384 on both engines before: ten
+# required fields, a pattern string, an integer with a minimum, an array of URIs
+POSTS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "username": {"type": "string"},
+        "time": {"minimum": 1136091600, "type": "integer"},
+        "type": {"type": "string", "enum": ["image", "video"]},
+        "isRetweet": {"type": "boolean"},
+        "retweet": {"type": "integer", "minimum": 0},
+        "favorite": {"type": "integer", "minimum": 0},
+        "reply": {"type": "integer", "minimum": 0},
+        "text": {"type": "string"},
+        "images": {"type": "array", "items": {"type": "string", "format": "uri"}},
+    },
+    "required": ["id", "username", "time", "type", "isRetweet", "retweet", "favorite", "reply", "text", "images"],
+}
+DEEPER = {"type": "object", "required": ["a", "b"], "properties": {
+    "a": {"type": "object", "required": ["b", "c"], "properties": {
+        "b": {"type": "object", "required": ["c"], "properties": {"c": {"type": "array", "minItems": 2, "items": {
+            "type": "object", "required": ["d", "e"], "properties": {"d": {"type": "string", "minLength": 2},
+                                                                     "e": {"type": "number"}}}}}},
+        "c": {"type": "boolean"}}},
+    "b": {"type": "string", "enum": ["xx", "yy"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("whitespace", ["single", "compact"])
+@pytest.mark.parametrize(
+    ("schema", "max_tokens", "most"), [(POSTS, 384, 60), (DEEPER, 48, 40)], ids=["maskbench-384", "nested-48"]
+)
+def test_issue_schemas_fit_their_budget(smol_tokenizer, engine, whitespace, schema, max_tokens, most):
+    """The issue's refusals, with SmolLM2's tokenizer and generate()'s schema options: both fit, and the
+    budget's closing path is a valid output about as short as one can write (``most`` tokens: 57 and
+    39 found; the shortest texts, ``{"id":"0","username":"",...`` and ``{"a":{"b":{"c":[{"d":"aa",...``,
+    take about that many)."""
+    compiled = constrain.compile(constrain.json_schema(schema, whitespace=whitespace, property_order="schema"),
+                                 smol_tokenizer, engine=engine)  # fmt: skip
+    encode = own_tokens(smol_tokenizer)
+    budget = closing.Budget(compiled.matcher(), encode, max_tokens, initial=True)
+    plan = compiled.initial_closings[max_tokens]
+    assert plan is not None and len(plan) == budget.estimate <= most
+    probe = compiled.matcher()
+    assert probe.accept_tokens(plan) == len(plan) and probe.is_completed()
+    jsonschema.validate(json.loads(smol_tokenizer.decode(plan)), schema)
+    closing.Budget(compiled.matcher(), encode, budget.estimate)  # the estimate itself fits
 
 
 UNBOUNDED = {

@@ -171,7 +171,8 @@ def test_grammar_accepts_calls_and_rejects_violations(smol_tokenizer, fmt):
     assert ok(auto, "It is sunny.") and ok(auto, "") and ok(auto, "Let me check. " + weather)
     assert not ok(auto, weather + " Done.")  # the calls end the reply
     assert ok(named, sums) and not ok(named, weather)
-    assert named.matcher().forced_text() == TOOL_FORMATS[fmt].begin + '{"name": "add", "arguments": {'
+    forced = TOOL_FORMATS[fmt].begin + '{"name": "add", "arguments": {"a": '  # keys in schema order: forced too
+    assert named.matcher().forced_text() == forced
     assert constrain.tool_calling([get_weather], tool_choice="none").constraint() is None
 
 
@@ -210,7 +211,7 @@ def test_random_model_in_auto_and_named_modes(tiny):
 
 
 PING = {"type": "function", "function": {"name": "ping", "description": "Check that the service is up."}}
-SUM = '{"a":1,"b":2}'
+SUM = '{"a": 1, "b": 2}'
 
 
 def _token(tokenizer, text: str) -> int:
@@ -227,7 +228,7 @@ def test_a_named_tool_is_called_exactly_once(smol_tokenizer, fmt):
         compiled = constrain.compile(spec.constraint(), smol_tokenizer)
         one = spell([("add", SUM)])
         assert accepts(compiled, smol_tokenizer, one)
-        assert not accepts(compiled, smol_tokenizer, spell([("add", SUM), ("add", '{"a":3,"b":4}')]))
+        assert not accepts(compiled, smol_tokenizer, spell([("add", SUM), ("add", '{"a": 3, "b": 4}')]))
         ok, matcher = walk(compiled, token_ids(smol_tokenizer, one[: len(one) - len(end)]))
         assert ok and matcher.forced_text() == end  # after the call, only the end
 
@@ -259,7 +260,7 @@ def test_the_mask_forbids_completing_a_call_identical_to_an_earlier_one(smol_tok
     grammar = constrain.tool_calling([get_weather, add, PING], tool_choice=choice, format="smollm2").constraint()
     ids = functools.partial(_token, smol_tokenizer)
     start = "Sure. " if choice == "auto" else ""
-    first = start + '<tool_call>[{"name": "add", "arguments": ' + SUM + '}, {"name": "add", "arguments": {"a":1,"b":'
+    first = start + '<tool_call>[{"name": "add", "arguments": ' + SUM + '}, {"name": "add", "arguments": {"a": 1, "b": '
     repeat = _allowed_after(grammar, smol_tokenizer, first + "2")
     assert ids("}") not in repeat and ids("}}") not in repeat  # add(1, 2) again: forbidden
     assert ids("3") in repeat  # add(1, 23) is another call
