@@ -163,6 +163,9 @@ _OPEN_KEYS_NOTE = (
     "extra keys of open objects are any string (a declared key may take that path with another value); "
     "values are validated afterwards"
 )
+_ANY_ORDER_REQUIRED_NOTE = (
+    "xgrammar with properties in any order can skip a required key beside optional or extra keys; validated afterwards"
+)
 _EXCLUDED_KEY_RULE = re.compile(r"^(\S+_addl_key) ::= ")
 _EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
 
@@ -220,6 +223,8 @@ def _json_schema_grammar(constraint: JsonSchema) -> tuple[str, tuple[CoverageEnt
     ebnf = _CHARACTERS_RULE.sub(lambda found: f"{found.group(1)} ::= {_JSON_CHARACTER}", ebnf)
     if fixed is not None:
         ebnf = _ANY_SEPARATOR.sub(rf'\1"{fixed[0]}"', ebnf)
+    if constraint.property_order == "any" and '"required"' in json.dumps(engine_schema):
+        coverage += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
     opened = None if constraint.closed else _open_extra_keys(ebnf)  # closed: extra keys are declared, kept exact
     if opened is not None:
         ebnf = opened

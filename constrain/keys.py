@@ -148,8 +148,9 @@ class KeyState:
         ids = vocab.multi_quote[self.mode == _IN_STRING]  # [m] int64
         allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]  # [k] int64
         banned += [token for token in allowed.tolist() if self.advance(token) is None]
-        for token in banned:  # Python's ints clear a bit of a negative int32 and stay in its range
-            words[token >> 5] = int(words[token >> 5]) & ~(1 << (token & 31))
+        for token in banned:  # cleared as an unsigned word, written back as the int32 of those bits
+            word = int(words[token >> 5]) & 0xFFFFFFFF & ~(1 << (token & 31))
+            words[token >> 5] = word - (1 << 32) if word >> 31 else word
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

@@ -151,6 +151,7 @@ class _Preparer:
         finally:
             del self._expanding[len(self._expanding) - len(inlined) :]
         self.loosen_for_checked(node, out, pointer)
+        self.declare_required(node, out)
         if self.closed and not says_open:
             self.close(node, out, pointer)
         self.integer_bounds(out, pointer)
@@ -174,6 +175,12 @@ class _Preparer:
             both = dict(siblings)
             try:
                 exact &= _merge_into(both, branch)
+                if "anyOf" in both and "anyOf" not in siblings:  # the branch is a union itself: distribute again
+                    nested = self.distribute_any_of(both, pointer)
+                    if set(nested) <= {"anyOf", "$defs", "definitions"}:
+                        merged += nested["anyOf"]
+                        continue
+                    both = nested
             except UnsupportedSchemaError:
                 continue  # this branch contradicts its siblings: no value takes it
             merged.append(both)
@@ -431,18 +438,23 @@ class _Preparer:
         if "unevaluatedItems" in node and out.get("items") is False:
             out.pop("items")
 
-    def close(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
-        """Closed mode: an object that declares its keys takes no others; a tuple takes no further items.
+    def declare_required(self, node: dict[str, Any], out: dict[str, Any]) -> None:
+        """A required key that ``properties`` does not describe becomes a property with the value schema of
+        other keys (xgrammar enforces only described required keys; closing must not make them impossible).
+        Only beside ``properties``: a branch that lists required keys alone is described by its siblings."""
+        extra = out.get("additionalProperties", {})
+        typed = "properties" in out or out.get("type") == "object"
+        if not typed or extra is False or not isinstance(out.get("required"), list):
+            return
+        described: Any = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        for name in out["required"]:
+            if isinstance(name, str) and name not in described:
+                out.setdefault("properties", {}).setdefault(name, extra)
 
-        A required key that ``properties`` does not describe becomes a property of any value (closing
-        must not make the schema unsatisfiable).
-        """
-        if "properties" in out:  # a branch that only lists required keys is left open: its siblings describe them
-            props = out["properties"]
-            described: Any = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-            for name in out.get("required", ()):
-                if isinstance(name, str) and name not in described:
-                    props.setdefault(name, {})
+    def close(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        """Closed mode: an object that declares its keys (``properties``) takes no others; a tuple takes no
+        further items. A branch that lists required keys alone is left open: its siblings describe them."""
+        if "properties" in node:
             out["additionalProperties"] = False
             self.mark(pointer, "additionalProperties", "enforced", "closed: no keys beyond those declared")
         if "prefixItems" in out and "items" not in out:

@@ -278,12 +278,13 @@ _UNRAISABLE = frozenset({"__del__", "gc_callback"})
 
 
 def hypothesis_instances(schema: Any, *, count: int = 3, seed: int = 0, time_limit_s: float = 1.0) -> list[Any]:
-    """Up to ``count`` instances of ``schema`` drawn by hypothesis-jsonschema, the same for the same ``seed``.
+    """Up to ``count`` instances of ``schema`` drawn by hypothesis-jsonschema, seeded by ``seed``.
 
-    Returns what was drawn within ``time_limit_s`` (the limit is a ``SIGALRM`` timer, applied only on
-    the main thread), and ``[]`` for a schema the library cannot handle (recursive ``$ref``, unknown
-    keywords it refuses...). The library reads drafts 4 to 7, so an instance may break a 2020-12
-    keyword (``prefixItems``): differential runs compare the engines on it all the same.
+    Returns what was drawn within ``time_limit_s`` (the same for the same seed unless the limit cuts
+    it short; the limit is a ``SIGALRM`` timer on the main thread, and a check between draws), and
+    ``[]`` for a schema the library cannot handle (recursive ``$ref``, keywords it refuses...). The
+    library reads drafts 4 to 7, so an instance may break a 2020-12 keyword (``prefixItems``):
+    differential runs compare the engines on it all the same.
     """
     import signal
     import threading

@@ -58,14 +58,11 @@ KNOWN_GENERATION: dict[str, str] = {
 """Causes of generation-mode disagreements that are known approximations, with the reason."""
 
 REPORTED_GENERATION: dict[str, str] = {
-    "keywords beside anyOf": "xgrammar ignores the keywords beside an anyOf the prepared schema keeps nested "
-    "(constrain/schema.py should distribute them into the branches)",
-    "required key not in properties": "xgrammar enforces required keys only where properties declares them",
     "property named like an annotation": "xgrammar 0.2.8 drops properties named description, title, default or "
     "examples from an object equal, without them, to one converted before",
 }
-"""Disagreements reported in issue 13 whose fix belongs to constrain/schema.py or compiler.py: tolerated in
-the sample, and each has a minimal reproduction below (``REPORTED_EXAMPLES``, strict xfail)."""
+"""Disagreements from an engine's bug that constrain does not work around yet: tolerated in the sample, and
+each has a minimal reproduction below (``REPORTED_EXAMPLES``, strict xfail)."""
 
 KNOWN_SPECIFICATION: dict[str, str] = {
     **KNOWN_GENERATION,
@@ -73,14 +70,13 @@ KNOWN_SPECIFICATION: dict[str, str] = {
     "xgrammar takes any order",
     "xgrammar grammar superset: additionalProperties": "past OPEN_KEY_RULES_MAX, xgrammar's extra keys of an open "
     "object are any string, declared ones included, with any value; validate() flags the text",
+    "xgrammar grammar superset: required": "xgrammar's any-order object can skip a required key beside optional "
+    "or extra keys; coverage says checked and validate() flags the text",
+    "xgrammar grammar superset: additionalProperties/required": "both of the above",
 }
 """Causes of specification-mode disagreements that are known approximations, with the reason."""
 
-REPORTED_SPECIFICATION: dict[str, str] = {
-    **REPORTED_GENERATION,
-    "xgrammar accepts a violation of required": "xgrammar's any-order object with optional keys does not "
-    "enforce required (coverage says enforced); validate() flags the text",
-}
+REPORTED_SPECIFICATION: dict[str, str] = {**REPORTED_GENERATION}
 
 SPECIFICATION_BOUND = 0.35
 """Most specification-mode texts that may disagree, as a share of the texts compared (25% on 400 schemas)."""
@@ -226,7 +222,7 @@ def test_specification_mode_hand_written_disagreements_are_known(hand_written_co
     )
 
 
-REPORTED_EXAMPLES = [
+FIXED_EXAMPLES = [
     (
         "keywords beside anyOf",
         "generation",
@@ -234,20 +230,39 @@ REPORTED_EXAMPLES = [
          "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
         '{"a": "x"}',
     ),
+    ("keywords beside anyOf", "generation", {"properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]},
+     '{"a": 1}'),
     ("required key not in properties", "generation", {"type": "object", "required": ["a"]}, '{"b": 1}'),
+]  # fmt: skip
+"""Disagreements this harness found and constrain/schema.py fixed (issue 13): (cause, mode, schema, text)."""
+
+
+@pytest.mark.parametrize(("cause", "mode", "schema", "text"), FIXED_EXAMPLES)
+def test_fixed_disagreement_stays_fixed(smol_tokenizer, cause, mode, schema, text):
+    verdicts = [
+        accepts(constrain.compile(constrain.json_schema(schema, mode=mode), smol_tokenizer, engine=e), smol_tokenizer,
+                text)
+        for e in ("xgrammar", "llguidance")
+    ]  # fmt: skip
+    assert verdicts[0] == verdicts[1], (cause, verdicts)
+
+
+def test_required_in_any_order_is_reported_as_checked(smol_tokenizer):
+    """xgrammar's any-order objects can skip a required key: coverage says so, and validate() flags it."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a"], "additionalProperties": False}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")
+    assert any(e.keyword == "required" and e.status == "checked" for e in compiled.coverage)
+    assert compiled.validate('{"b": 1}')
+
+
+REPORTED_EXAMPLES = [
     (
         "property named like an annotation",
         "generation",
         {"type": "object", "properties": {"a": {"type": "object", "properties": {}},
                                           "b": {"type": "object", "properties": {"description": {"type": "string"}}}}},
         '{"b": {"description": "x"}}',
-    ),
-    (
-        "xgrammar accepts a violation of required",
-        "specification",
-        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"],
-         "additionalProperties": False},
-        '{"b": 1}',
     ),
 ]  # fmt: skip
 """A minimal reproduction of each reported disagreement: (cause, mode, schema, text)."""
