@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench maskbench conformance termination e2e serve
+.PHONY: demo test lint bench maskbench conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,3 +50,6 @@ conformance: $(VENV)/.installed
 
 maskbench: $(VENV)/.installed
 	$(PY) bench/maskbench.py --sample 400
+
+differential: $(VENV)/.installed
+	$(PY) bench/differential.py --sample 400

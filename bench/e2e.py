@@ -36,7 +36,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -557,9 +557,16 @@ def markdown_code(text: str, width: int = 90) -> str:
     return "`" + text.replace("|", "\\|").replace("\n", "\\n").replace("`", "'") + "`"
 
 
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:  # a run of constrain's systems alone needs no peer installed
+        return "not installed"
+
+
 def render(bench: Bench, panels: Panels, yardsticks: dict[tuple[str, int], float | None], notes: str) -> str:
     packages = ("torch", "transformers", "xgrammar", "llguidance", "outlines")
-    versions = ", ".join(f"{p} {version(p)}" for p in packages)
+    versions = ", ".join(f"{p} {_version(p)}" for p in packages)
     limits = ", ".join(f"{w} {m}" for w, m in dict.fromkeys((i.workload, i.max_tokens) for i in bench.items))
     lines = [
         "# End-to-end benchmark (`python bench/e2e.py`)",

@@ -2,12 +2,14 @@
 
 :func:`completion` finds a token sequence that takes a matcher from its current state to a complete
 match, short in tokens: a uniform-cost (Dijkstra) search over the grammar's continuations, where a
-move is the forced text (as tokens), any allowed token where the grammar allows at most
-:data:`FANOUT`, else any allowed single-character token. It is grammar-agnostic, so it serves JSON
-Schema, regexes, EBNF grammars and choices alike. States are told apart by a *signature* (the forced
-text and the next-token mask), which keeps optional whitespace and the choice of a value from
-multiplying the search; see :func:`completion` for how counted repetitions stay apart. A greedy
-closing (close strings and containers first, then the shortest values) gives the first upper bound.
+move spells the forced text (in the fewest tokens, or running past its end), or is any allowed token
+where the grammar allows at most :data:`FANOUT`, else any allowed single-character token. It is
+grammar-agnostic, so it serves JSON Schema, regexes, EBNF grammars and choices alike. States are
+told apart by a *signature* (the forced text and the next-token mask), which keeps optional
+whitespace and the choice of a value from multiplying the search; see :func:`completion` for how
+counted repetitions stay apart. Where the search runs out of time, a greedy closing (close strings
+and containers first, then the shortest values) is the fallback; it is also the cheap check the
+budget makes during generation.
 
 :class:`Budget` keeps every constrained request finishable within ``max_tokens``: once the tokens
 left come down to twice the closing length plus :data:`NEAR`, each sampled token is taken only if
@@ -29,7 +31,7 @@ import json
 import string
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +65,17 @@ _SLACK = 2
 """:func:`completion` searches for paths up to this many times ``max_tokens`` long (in its own count:
 free text character by character), as re-tokenized they are shorter."""
 
+_TIES = 8
+""":func:`completion` re-tokenizes up to this many paths of the cheapest cost found from one state, and keeps
+the shortest."""
+
+_ESCAPES = 8
+"""Greedy closing: at most this many escapes from loops (each tries every allowed character's mask)."""
+
 Encode = Callable[[str], list[int]]
+
+Signature = tuple[str, int]
+"""What a matcher state allows next: its forced text and a hash of its next-token mask."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +89,7 @@ class _Vocab:
     char_ids: np.ndarray  # [C] int64: the single-character token ids, in move order
     by_piece: dict[bytes, int]  # bytes -> the first token id (in move order) with them
     sorted_pieces: list[bytes]  # the keys of ``by_piece``, sorted (to find the tokens that start with some bytes)
-    longest: int  # bytes in the longest piece
+    longest: list[int]  # per first byte, the bytes in the longest piece that starts with it
 
     def cover(self, text: bytes, limit: int) -> tuple[list[int] | None, list[list[int]]]:
         """The fewest tokens that spell ``text``, and up to ``limit`` token sequences that spell a prefix
@@ -90,7 +102,7 @@ class _Vocab:
             path = best[start]
             if path is None:
                 continue
-            for end in range(start + 1, min(len(text), start + self.longest) + 1):
+            for end in range(start + 1, min(len(text), start + self.longest[text[start]]) + 1):
                 token = self.by_piece.get(text[start:end])
                 if token is not None and (best[end] is None or len(path) + 1 < len(best[end] or ())):
                     best[end] = [*path, token]
@@ -98,7 +110,7 @@ class _Vocab:
             # such as '"' starts thousands of tokens in a large vocabulary)
             rest = text[start:]
             first = bisect.bisect_right(self.sorted_pieces, rest)  # after ``rest`` itself
-            last = bisect.bisect_left(self.sorted_pieces, rest + b"\xff" * self.longest, first)
+            last = bisect.bisect_left(self.sorted_pieces, rest + b"\xff" * self.longest[rest[0]], first)
             if last - first <= 4 * limit:
                 runs_past += ([*path, self.by_piece[p]] for p in self.sorted_pieces[first:last] if p.startswith(rest))
         runs_past.sort(key=lambda ids: (len(ids), len(self.pieces[ids[-1]])))
@@ -138,7 +150,10 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
     for token_id in np.argsort(rank, kind="stable").tolist():
         if rank[token_id] >= 0:
             by_piece.setdefault(pieces[token_id], token_id)
-    result = _Vocab(chars, pieces, commas, rank, char_ids, by_piece, sorted(by_piece), max(map(len, by_piece)))
+    longest = [0] * 256
+    for piece in by_piece:
+        longest[piece[0]] = max(longest[piece[0]], len(piece))
+    result = _Vocab(chars, pieces, commas, rank, char_ids, by_piece, sorted(by_piece), longest)
     with _vocab_lock:
         _vocab_cache[info.fingerprint] = result
     return result
@@ -181,10 +196,20 @@ def _signature(probe: Matcher, bitmask: torch.Tensor) -> Signature:
     return probe.forced_text(), hash(bitmask[0].numpy().tobytes())
 
 
-def _escape(probe: Matcher, pick: int, bitmask: torch.Tensor, vocab: _Vocab, stuck: set[Signature]) -> int | None:
-    """An allowed single-character token other than ``pick`` after which ``probe`` allows something
-    else than after ``pick``; accepted on ``probe`` when found. Changes ``probe`` only then. A loop
-    found without a way out is added to ``stuck`` and not looked at again."""
+def _escape(
+    probe: Matcher,
+    pick: int,
+    bitmask: torch.Tensor,
+    vocab: _Vocab,
+    hints: list[list[int]],
+    stuck: set[Signature],
+    taken: dict[Signature, int],
+) -> list[int] | None:
+    """Tokens after which ``probe`` allows something else than after ``pick`` (one more round of a
+    loop), accepted on ``probe`` (else None, ``probe`` unchanged): one of ``hints``, else the allowed
+    single-character token that leads where escapes led least often (``taken`` counts them: else a
+    column list escapes by a comma forever). A loop without a way out is added to ``stuck`` and not
+    looked at again."""
     probe.fill_next_token_bitmask(bitmask)
     allowed = vocab.char_ids[_bits(bitmask)[vocab.char_ids] == 1]
     if not probe.accept_token(pick):
@@ -193,22 +218,39 @@ def _escape(probe: Matcher, pick: int, bitmask: torch.Tensor, vocab: _Vocab, stu
     probe.rollback(1)
     if looping in stuck:
         return None
+    for ids in hints:  # the constraint's own examples first: a blind pattern has no other way out
+        taken_ids = probe.accept_tokens(ids)
+        if taken_ids == len(ids) and (probe.is_completed() or _signature(probe, bitmask) != looping):
+            return ids
+        probe.rollback(taken_ids)
+    best: tuple[int, int, Signature] | None = None  # (times taken, token, where it leads)
     for token in allowed.tolist():
         if token != pick and probe.accept_token(token):
-            if _signature(probe, bitmask) != looping:
-                return int(token)
+            after = _signature(probe, bitmask)
             probe.rollback(1)
-    stuck.add(looping)
-    return None
+            if after != looping and (best is None or taken.get(after, 0) < best[0]):
+                best = (taken.get(after, 0), token, after)
+                if best[0] == 0:
+                    break
+    if best is None:
+        stuck.add(looping)
+        return None
+    taken[best[2]] = best[0] + 1
+    probe.accept_token(best[1])
+    return [int(best[1])]
 
 
-def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) -> list[int] | None:
+def _greedy(
+    matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int, hints: list[list[int]]
+) -> list[int] | None:
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     priority = [chars[c] for c in _PRIORITY if c in chars]
     probe, out = matcher.fork(), list[int]()
     streak = 0
     stuck: set[Signature] = set()  # loops no character leads out of
+    taken: dict[Signature, int] = {}  # where escapes from loops led, how often
+    escapes = 0
     while len(out) <= max_tokens:
         if probe.is_completed():
             return out
@@ -218,11 +260,11 @@ def _greedy(matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int) ->
             out += ids
             streak = 0
             continue
-        if streak >= _STREAK:  # the same character again and again: a free string, or a loop
-            escaped = _escape(probe, out[-1], bitmask, vocab, stuck)
-            streak = 0
+        if streak >= _STREAK and escapes < _ESCAPES:  # one character again and again: free text, or a loop
+            escaped = _escape(probe, out[-1], bitmask, vocab, hints, stuck, taken)
+            streak, escapes = 0, escapes + 1
             if escaped is not None:
-                out.append(escaped)
+                out += escaped
                 continue
         # a rejected token leaves the state as it was: try the priority characters in turn
         pick = next((t for t in priority if probe.accept_token(t)), None)
@@ -351,10 +393,6 @@ def _hints(matcher: Matcher) -> list[str]:
     return list(itertools.islice(dict.fromkeys(text for text in walk(schema) if text), _HINTS))
 
 
-Signature = tuple[str, int]
-"""What a state allows next: its forced text and a hash of its next-token mask."""
-
-
 @dataclass(slots=True, eq=False)
 class _Node:
     """One state of the closing search: where ``ids`` lead from ``parent``."""
@@ -364,13 +402,12 @@ class _Node:
     cost: int  # tokens from the start
     size: int  # bytes of text from the start
     signature: Signature
-    key: tuple[Signature, int]  # what the search deduplicates by (see ``_Search._node``)
-    # once expanded: the matcher in this state, the signatures on the way here (this one included),
-    # and those of the children that leave this signature
+    key: tuple[Signature, int, int]  # what the search deduplicates by (see ``_Search._node``)
+    solid: int = 0  # bytes of text but for whitespace (``_Search`` level 0)
+    text: int = 0  # a hash of the text from the start (``_Search`` level 2)
+    # once expanded: the matcher in this state, and the signatures on the way here (this one included)
     probe: Matcher | None = None
     seen: frozenset[Signature] = frozenset()
-    exits: frozenset[Signature] = frozenset()
-    text: int = 0  # a hash of the text from the start (``_Search`` level 2 only)
 
     def path(self) -> list[int]:
         node: _Node | None = self
@@ -382,48 +419,57 @@ class _Node:
 
 
 _MODULUS = (1 << 61) - 1
+_SPACES = (b" ", b"\t", b"\n", b"\r")
 
 
 class _Search:
     """The uniform-cost search of :func:`completion` (see there); one use.
 
-    ``level`` is how much it trusts signatures: 0 takes the first state of a signature on a path as
-    the same state whatever the path, and repeats apart by their text length; 1 tells every state
-    apart by its text length; 2 by its text (exact: a matcher's state is a function of its text),
-    without the shortcuts of the lower levels. A level that runs out of states before its bound has
-    merged states that differ (two keys of an object with optional keys: the same mask, different
-    keys still to come), and the next one is tried.
+    ``level`` is how much it trusts signatures. 0: states of one signature whose texts are as long
+    but for whitespace are one state, except where the signature was met before on the way (a counted
+    repetition), where the whole length counts too; 1: states of one signature and text length are one
+    state; 2: states of one text are one state (exact: a matcher's state is a function of its text),
+    without the shortcuts of the lower levels (the moves that mattered, sibling merging). A level
+    that runs out of states below its bound has merged states that differ (the same mask, different
+    ways to go on: the values of two optional keys of equal length), and the next one is tried.
 
     A node's matcher is made (forked from its parent's) only when the node is expanded: a fork costs
     time linear in the tokens accepted, so the moves out of a node are tried on its own matcher and
     rolled back.
     """
 
-    def __init__(self, matcher: Matcher, encode: Encode, vocab: _Vocab, fanout: int, level: int) -> None:
+    def __init__(
+        self, matcher: Matcher, encode: Encode, vocab: _Vocab, fanout: int, level: int, hints: list[list[int]]
+    ) -> None:
         self.encode, self.vocab, self.fanout, self.level = encode, vocab, fanout, level
         self.bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
-        self.settled: set[tuple[Signature, int]] = set()
-        self.queued: dict[tuple[Signature, int], int] = {}  # the cheapest cost queued per key
+        self.settled: set[tuple[Signature, int, int]] = set()
+        self.queued: dict[tuple[Signature, int, int], int] = {}  # the cheapest cost queued per key
         self.moves: dict[Signature, list[list[int]]] = {}  # per signature, the moves that mattered
         self.root = matcher
-        spelled = (vocab.cover(text.encode(), 0)[0] for text in _hints(matcher))
-        self.hints = [ids for ids in spelled if ids]  # tried wherever free text is allowed
+        self.hints = hints  # tried wherever free text is allowed
         self.exhausted = False  # the last run found no state left to expand below its bound
+        self.covers: dict[str, tuple[list[int] | None, list[list[int]]]] = {}  # per forced text, its moves
 
     def _node(self, parent: _Node | None, ids: list[int], probe: Matcher) -> _Node:
         signature = _signature(probe, self.bitmask)
-        size = (parent.size if parent else 0) + sum(len(self.vocab.pieces[t]) for t in ids)
+        piece = b"".join(self.vocab.pieces[t] for t in ids)
+        size = (parent.size if parent else 0) + len(piece)
         cost = (parent.cost if parent else 0) + len(ids)
         if self.level == 2:
             text = parent.text if parent else 0
-            for byte in b"".join(self.vocab.pieces[t] for t in ids):
+            for byte in piece:
                 text = (text * 257 + byte + 1) % _MODULUS
-            return _Node(parent, ids, cost, size, signature, (signature, text), text=text)
-        # the first state of a signature on a path is one per signature, whatever the path (so
-        # whitespace and the choice of a value do not multiply the search); a later one (the next
-        # digit of \d{3}, the next array item, the next member's string) is kept apart by its length
-        repeat = self.level == 1 or (parent is not None and signature in parent.seen)
-        return _Node(parent, ids, cost, size, signature, (signature, size if repeat else -1))
+            return _Node(parent, ids, cost, size, signature, (signature, text, -1), text=text)
+        if self.level == 1:
+            return _Node(parent, ids, cost, size, signature, (signature, size, -1))
+        # states of one signature and one length but for whitespace are one state, whatever the path
+        # (so whitespace and the choice of a value do not multiply the search); a signature met before
+        # on the way (a counted repetition: the next digit of [0-3]{2}, the next array item) is kept
+        # apart from its first state elsewhere by the whole length
+        solid = (parent.solid if parent else 0) + len(piece) - sum(piece.count(space) for space in _SPACES)
+        repeat = parent is not None and signature in parent.seen
+        return _Node(parent, ids, cost, size, signature, (signature, solid, size if repeat else -1), solid=solid)
 
     def _moves(self, node: _Node, probe: Matcher) -> list[list[int]]:
         """The moves out of ``node`` (see :func:`completion`), fewest tokens first."""
@@ -431,7 +477,9 @@ class _Search:
             return self.moves[node.signature]
         forced = node.signature[0]
         if forced:  # the fewest tokens that spell it, and those that spell it and run past it
-            exact, runs_past = self.vocab.cover(forced.encode(), self.fanout)
+            if forced not in self.covers:
+                self.covers[forced] = self.vocab.cover(forced.encode(), self.fanout)
+            exact, runs_past = self.covers[forced]
             if exact is None:
                 chunk = _take_forced(probe, forced, self.encode, self.vocab.char_tokens)
                 if chunk:
@@ -452,9 +500,10 @@ class _Search:
         """Whether ``node``'s key was reached before, as cheaply."""
         return node.key in self.settled or self.queued.get(node.key, node.cost + 1) <= node.cost
 
-    def _expand(self, node: _Node, bound: int) -> tuple[list[_Node], list[int] | None]:
-        """The children of ``node`` worth queueing (cheaper than ``bound``, one per signature and length),
-        and the cheapest completing path found among them."""
+    def _expand(self, node: _Node, bound: int) -> tuple[list[_Node], list[list[int]]]:
+        """The children of ``node`` worth queueing (one per signature and length, and such that a path on
+        from them may cost less than ``bound``), and the cheapest completing paths among its moves if
+        they cost less than ``bound`` (several of one cost: their re-tokenized lengths may differ)."""
         parent = node.parent
         if node.probe is None:
             assert parent is not None and parent.probe is not None
@@ -466,16 +515,18 @@ class _Search:
         children: list[_Node] = []
         useful: list[list[int]] = []
         siblings: set[object] = set()
-        goal: list[int] | None = None
+        goals: list[list[int]] = []
         for ids in self._moves(node, probe):
-            if node.cost + len(ids) >= bound:
+            cost = node.cost + len(ids)
+            if cost > bound or (cost == bound and not goals):
                 continue
             taken = probe.accept_tokens(ids)
             if taken == len(ids):
                 if probe.is_completed():
                     useful.append(ids)
-                    goal, bound = node.path() + ids, node.cost + len(ids)
-                else:
+                    goals = [*goals, node.path() + ids] if cost == bound else [node.path() + ids]
+                    bound = cost
+                elif cost + 1 < bound:  # else nothing on from it is cheaper: no need for its mask
                     child = self._node(node, ids, probe)
                     alike = child.key if self.level == 2 else (child.signature, child.size)
                     if alike not in siblings:
@@ -485,24 +536,19 @@ class _Search:
             probe.rollback(taken)
         if not looping:
             self.moves[node.signature] = useful
-        node.exits = frozenset(c.signature for c in children if c.signature != node.signature)
-        if self.level < 2 and node.exits and parent is not None and parent.signature == node.signature:
-            if node.exits == parent.exits:
-                # a repetition whose ways out are the same as one step before (the characters of a
-                # free string, the digits of a number): going on with it finds nothing new
-                children = [c for c in children if c.signature != node.signature]
-        return [c for c in children if not self._known(c)], goal
+        return [c for c in children if c.cost + 1 < bound and not self._known(c)], goals[:_TIES]
 
-    def run(self, bound: int, max_nodes: int, deadline: float) -> list[int] | None:
-        """The cheapest completing path costing less than ``bound`` tokens (None if none was found)."""
+    def run(self, bound: int, max_nodes: int, deadline: float) -> list[list[int]]:
+        """The cheapest completing paths that cost less than ``bound`` tokens (see ``_expand``); ``[]`` if
+        none was found."""
         probe = self.root.fork()
         if probe.is_completed():
-            return []
+            return [[]]
         root = self._node(None, [], probe)
         root.probe = probe
         order = itertools.count()
         heap: list[tuple[int, int, int, _Node]] = [(0, 0, next(order), root)]
-        best: list[int] | None = None
+        best: list[list[int]] = []
         for _ in range(max_nodes):
             if not heap or heap[0][0] + 1 >= bound or time.perf_counter() > deadline:
                 break
@@ -510,13 +556,12 @@ class _Search:
             if node.key in self.settled:
                 continue
             self.settled.add(node.key)
-            children, goal = self._expand(node, bound)
-            if goal is not None:
-                best, bound = goal, len(goal)
+            children, goals = self._expand(node, bound)
+            if goals:
+                best, bound = goals, len(goals[0])
             for child in children:
-                if child.cost < bound:
-                    self.queued[child.key] = child.cost
-                    heapq.heappush(heap, (child.cost, -child.size, next(order), child))
+                self.queued[child.key] = child.cost
+                heapq.heappush(heap, (child.cost, -child.size, next(order), child))
         self.exhausted = not heap
         return best
 
@@ -527,46 +572,47 @@ def completion(
     *,
     max_tokens: int = 512,
     max_nodes: int = 20_000,
-    max_seconds: float = 0.5,
+    max_seconds: float = 1.0,
     fanout: int = FANOUT,
+    hints: Sequence[str] | None = None,
 ) -> list[int] | None:
     """A short token sequence that completes ``matcher``'s match, at most ``max_tokens`` long; ``[]`` if
-    already complete; None if none was found.
+    already complete; None if none was found. Does not change ``matcher``.
 
-    First the greedy closing (an upper bound), then a uniform-cost search for fewer tokens: at most
-    ``max_nodes`` expansions and ``max_seconds``; ``max_nodes=0`` gives the greedy closing alone.
-    The moves out of a state: for forced text, the fewest tokens that spell it and the token
-    sequences that spell it and run past its end; else every allowed token where the grammar allows
-    at most ``fanout``, else every allowed single-character token (inside a free string, every
-    character). A state's signature is its forced text and next-token mask. The first state of a
-    signature on a path is searched once, the cheapest (whitespace and values that lead to the same
-    place cost no more search); a later one on the same path (the next digit of ``[0-9]{3}``, the
-    next item of an array with ``minItems``, the next member's string) is told apart by its text
-    length and expanded with the moves that mattered the first time; a repetition whose ways out
-    are those of one step before (a free string's characters) is not gone on with. With exact
-    signatures the result would be the fewest tokens; the signature stands in for the grammar state,
-    which neither engine exposes, so a shorter path can be missed in principle (tests check the
-    minimum against brute force).
+    A uniform-cost search (fewest tokens first) of at most ``max_nodes`` expansions and
+    ``max_seconds``; where it finds nothing in that time, the greedy closing (``max_nodes=0``: the
+    greedy closing alone, for the budget's checks during generation). The moves out of a state: for
+    forced text, the fewest tokens that spell it and the token sequences that spell it and run past
+    its end; else every allowed token where the grammar allows at most ``fanout``, else every allowed
+    single-character token (inside a free string, every character), and ``hints``: texts worth
+    trying inside free text (None: the constraint's own, see ``_hints``; the greedy closing tries them
+    too where it loops). States are merged by their signature (forced text and next-token mask) and their text
+    length but for whitespace, so that whitespace and the choice of a value do not multiply the
+    search; where the signature was met before on the way (the next digit of ``[0-9]{3}``, the next
+    item of an array with ``minItems``), the whole length counts too. The signature stands in for the
+    grammar state, which neither engine exposes: where it merges states that differ, the search runs
+    out of states and is run again trusting it less (``_Search``); the tests check the result against
+    the fewest tokens found by brute force.
 
-    The path found is re-tokenized by ``encode`` (a piece of text to ids, no special tokens) where
-    that is shorter: the search counts free text character by character, so it looks for paths up
-    to :data:`_SLACK` times ``max_tokens`` (plus 16) and keeps the one that re-tokenizes to at most
-    ``max_tokens``. Does not change ``matcher``.
+    The path is re-tokenized by ``encode`` (a piece of text to ids, no special tokens) where that is
+    shorter: the search counts free text character by character, so it looks for paths up to
+    :data:`_SLACK` times ``max_tokens`` (plus 16) and keeps one that re-tokenizes to ``max_tokens``.
     """
     vocab = _vocab(matcher.compiled.tokenizer)
+    spelled = (vocab.cover(text.encode(), 0)[0] for text in (_hints(matcher) if hints is None else hints))
+    hinted = [ids for ids in spelled if ids]
     limit = _SLACK * max_tokens + 16
-    best = _greedy(matcher, encode, vocab, limit)
-    if max_nodes > 0 and best != []:
-        bound = len(best) if best is not None else limit + 1
-        deadline = time.perf_counter() + max_seconds
-        for level in range(3):
-            search = _Search(matcher, encode, vocab, fanout, level)
-            found = search.run(bound, max_nodes, deadline)
-            if found is not None or not search.exhausted:
-                best = found if found is not None else best
-                break
-    if best:
-        best = _retokenized(matcher, best, encode)
+    found: list[list[int]] = []
+    deadline = time.perf_counter() + max_seconds
+    for level in range(3 if max_nodes > 0 else 0):
+        search = _Search(matcher, encode, vocab, fanout, level, hinted)
+        found = search.run(limit + 1, max_nodes, deadline)
+        if found or not search.exhausted:
+            break
+    if not found:  # no search, or cut short: the greedy closing
+        greedy = _greedy(matcher, encode, vocab, limit, hinted)
+        found = [greedy] if greedy is not None else []
+    best = min((_retokenized(matcher, path, encode) if path else path for path in found), key=len, default=None)
     return best if best is None or len(best) <= max_tokens else None
 
 
@@ -585,7 +631,10 @@ class Budget:
     """Keeps one constrained request finishable within its ``max_tokens`` (see the module docstring).
 
     Raises :class:`~constrain.errors.BudgetError` at construction when no completion of the
-    matcher's (initial) state fits in ``max_tokens``.
+    matcher's (initial) state fits in ``max_tokens``: the greedy closing does not fit, and the search
+    of :func:`completion` finds none that does (it searches every state below the budget unless it
+    runs out of time first: 1 s by default, on grammars whose masks are slow or whose signatures
+    merge states that differ).
     """
 
     REFRESH_EVERY = 8
@@ -601,19 +650,20 @@ class Budget:
         self.matcher = matcher
         self.encode = encode
         self.forced = 0  # tokens taken from the closing path instead of the sampled one
+        self.hints = _hints(matcher)  # for every completion() of this request
         closings = matcher.compiled.initial_closings
         if initial and max_tokens in closings:
             plan = closings[max_tokens]
         else:
-            plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0)
+            plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0, hints=self.hints)
             if plan is None or len(plan) > max_tokens:
-                plan = completion(matcher, encode, max_tokens=max_tokens)
+                plan = completion(matcher, encode, max_tokens=max_tokens, hints=self.hints)
             if initial:
                 closings[max_tokens] = plan
         if plan is None or len(plan) > max_tokens:
             raise BudgetError(
-                f"no valid output fits in max_tokens={max_tokens}: the shortest completion found "
-                + ("needs more" if plan is None else f"needs {len(plan)} tokens")
+                f"no valid output fits in max_tokens={max_tokens}: "
+                + ("no completion that short was found" if plan is None else f"the shortest found needs {len(plan)}")
             )
         self.estimate = len(plan)  # tokens the closing path needs, as last computed
         self._steps = 0
@@ -634,10 +684,13 @@ class Budget:
         far = remaining > 2 * self.estimate + NEAR
         if far and self._steps % self.REFRESH_EVERY:
             return token
-        if plan is None:  # bounded past the budget too: if a token broke it, closing is the best effort
-            plan = completion(self.matcher, self.encode, max_tokens=2 * remaining + 64, max_nodes=0)
+        room = 2 * remaining + 64  # past the budget too: if a token broke it, closing is the best effort
+        if plan is None:
+            plan = completion(self.matcher, self.encode, max_tokens=room, max_nodes=0, hints=self.hints)
         if plan is None and self._steps >= self._search_after:  # the greedy closing failed: search a little
-            plan = completion(self.matcher, self.encode, max_tokens=2 * remaining + 64, max_seconds=self.SEARCH_SECONDS)
+            plan = completion(
+                self.matcher, self.encode, max_tokens=room, max_seconds=self.SEARCH_SECONDS, hints=self.hints
+            )
             self._search_after = self._steps + (self.REFRESH_EVERY if plan is None else 0)
         if plan is None:  # no closing found from here: nothing to steer by
             return token
@@ -649,7 +702,7 @@ class Budget:
             return token
         probe = self.matcher.fork()
         if probe.accept_token(token):
-            after = completion(probe, self.encode, max_tokens=remaining - 1, max_nodes=0)
+            after = completion(probe, self.encode, max_tokens=remaining - 1, max_nodes=0, hints=self.hints)
             if after is not None and len(after) <= remaining - 1:
                 self._next = after
                 return token
