@@ -299,7 +299,7 @@ def _example(pattern: str) -> str | None:
     the matcher checks, not a proof.
     """
     try:
-        from re import _parser  # type: ignore[attr-defined]  # the stdlib's regex parser (3.11+)
+        from re import _parser  # type: ignore[attr-defined,unused-ignore]  # the stdlib's regex parser (3.11+)
 
         tree = _parser.parse(pattern)
     except Exception:  # a pattern Python cannot parse, or another Python: no example
@@ -584,15 +584,15 @@ def completion(
     greedy closing alone, for the budget's checks during generation). The moves out of a state: for
     forced text, the fewest tokens that spell it and the token sequences that spell it and run past
     its end; else every allowed token where the grammar allows at most ``fanout``, else every allowed
-    single-character token (inside a free string, every character), and ``hints``: texts worth
-    trying inside free text (None: the constraint's own, see ``_hints``; the greedy closing tries them
-    too where it loops). States are merged by their signature (forced text and next-token mask) and their text
-    length but for whitespace, so that whitespace and the choice of a value do not multiply the
-    search; where the signature was met before on the way (the next digit of ``[0-9]{3}``, the next
-    item of an array with ``minItems``), the whole length counts too. The signature stands in for the
-    grammar state, which neither engine exposes: where it merges states that differ, the search runs
-    out of states and is run again trusting it less (``_Search``); the tests check the result against
-    the fewest tokens found by brute force.
+    single-character token (inside a free string, every character); and ``hints``, texts worth
+    trying inside free text (None: the constraint's own, see ``_hints``; the greedy closing tries
+    them where it loops). States are merged by their signature (forced text and next-token mask) and
+    their text length but for whitespace, so that whitespace and the choice of a value do not
+    multiply the search; where the signature was met before on the way (the next digit of
+    ``[0-9]{3}``, the next item of an array with ``minItems``), the whole length counts too. The
+    signature stands in for the grammar state, which neither engine exposes: where it merges states
+    that differ, the search runs out of states and is run again trusting it less (``_Search``); the
+    tests check the result against the fewest tokens found by brute force.
 
     The path is re-tokenized by ``encode`` (a piece of text to ids, no special tokens) where that is
     shorter: the search counts free text character by character, so it looks for paths up to

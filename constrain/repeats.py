@@ -22,8 +22,8 @@ loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies th
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,22 +62,12 @@ class _Pieces:
     closers: np.ndarray  # [n] int64: the ids of the tokens whose text holds a '"' and a "}"
 
 
-_pieces_cache: dict[str, _Pieces] = {}
-_pieces_lock = threading.Lock()
-
-
+@functools.lru_cache(maxsize=8)
 def _pieces(info: TokenizerInfo) -> _Pieces:
-    with _pieces_lock:
-        found = _pieces_cache.get(info.fingerprint)
-    if found is not None:
-        return found
     raw = _vocab(info).pieces  # the closing path's copy: reading the vocabulary out of xgrammar takes ~0.6 s
     skip = frozenset(info.xgr_info.special_token_ids) | frozenset(info.eos_token_ids)
     closers = np.array([t for t, piece in enumerate(raw) if b'"' in piece and b"}" in piece], dtype=np.int64)
-    result = _Pieces(raw, skip, closers)
-    with _pieces_lock:
-        _pieces_cache[info.fingerprint] = result
-    return result
+    return _Pieces(raw, skip, closers)
 
 
 def _key(name: str, arguments: str) -> tuple[str, str]:
