@@ -33,7 +33,7 @@ import xgrammar as xgr
 
 from constrain.errors import SchemaError, UnsupportedSchemaError
 
-__all__ = ["CoverageEntry", "Status", "prepare"]
+__all__ = ["CoverageEntry", "Status", "prepare", "resolve_local"]
 
 Status = Literal["enforced", "checked", "approximated", "ignored"]
 
@@ -111,18 +111,10 @@ class _Preparer:
     # -- references -------------------------------------------------------------------------
     def resolve(self, ref: str, pointer: str) -> Any:
         """The subschema a local ``$ref`` (``#/...``) names."""
-        if ref == "#":
-            return self.root
-        node = self.root
-        for raw in ref[2:].split("/"):
-            part = unquote(raw).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise SchemaError(f"$ref {ref!r} does not resolve", pointer)
-        return node
+        try:
+            return resolve_local(self.root, ref)
+        except LookupError as err:
+            raise SchemaError(f"$ref {ref!r} does not resolve", pointer) from err
 
     # -- the walk ---------------------------------------------------------------------------
     def schema(self, node: Any, pointer: str) -> Any:
@@ -490,6 +482,27 @@ def _says_what_else(node: dict[str, Any]) -> bool:
     """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
     branches: Any = node.get("allOf") if isinstance(node.get("allOf"), list) else []
     return any(isinstance(n, dict) and any(k in n for k in _SAYS_WHAT_ELSE) for n in [node, *branches])
+
+
+def resolve_local(root: Any, ref: str) -> Any:
+    """The subschema a local ``$ref`` (``#`` or ``#/...``, a JSON pointer) names in ``root``.
+
+    Raises ``LookupError`` when it names nothing there.
+    """
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        raise LookupError(ref)
+    node = root
+    for raw in ref[2:].split("/"):
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise LookupError(ref)
+    return node
 
 
 _SIMPLE_REF = re.compile(r"#/(\$defs|definitions)/[A-Za-z0-9_.-]+")

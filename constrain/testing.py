@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import torch
 
@@ -22,6 +21,7 @@ from constrain.compiler import compile as compile_constraint
 from constrain.constraints import SEPARATORS, JsonSchema, json_schema
 from constrain.errors import ConstraintError
 from constrain.matcher import Matcher, allocate_token_bitmask
+from constrain.schema import resolve_local
 
 __all__ = [
     "PERSON_SCHEMA",
@@ -348,20 +348,10 @@ def hypothesis_instances(schema: Any, *, count: int = 3, seed: int = 0, time_lim
 
 def _resolve(root: Any, ref: str) -> Any:
     """The subschema a local ``$ref`` names in ``root``, or None."""
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
+    try:
+        return resolve_local(root, ref)
+    except LookupError:
         return None
-    node = root
-    for raw in ref[2:].split("/"):
-        part = unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 def _alternatives(node: Any, root: Any) -> list[dict[str, Any]]:
