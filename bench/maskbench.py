@@ -2,17 +2,34 @@
 
 For every schema and engine: compile; then for every test instance, ``json.dumps(data)``,
 tokenize (SmolLM2), compute the full token mask before every token and check the
-token is allowed, then check the grammar can end. A schema *passes* when every
-valid instance goes through and every invalid one is stopped. For constrain an
-invalid instance the mask lets through still counts as stopped when
-``compiled.validate`` flags it (its contract: the violation is reported, never
-silently passed); the table shows how many relied on that.
+token is allowed, then check the grammar can end. The mask *accepts* an instance
+when every token is allowed and the grammar can end after the last.
+
+Per schema, by MaskBench's definitions (mask only, the same for every engine):
+
+* *validation error*: a valid instance the mask rejects;
+* *invalidation error*: an invalid instance the mask accepts;
+* *passing*: neither. A schema with both counts as a validation error.
+
+For the constrain engines, ``post-validated`` counts the mask-accepted invalid
+instances that ``compiled.validate(text)`` flags afterwards. It is a report only:
+they remain invalidation errors. For every mask-accepted invalid instance the
+violated JSON Schema keywords are found with python ``jsonschema`` against the
+original schema (the top-level keyword for anyOf/oneOf; ``unknown`` when
+validation raises, ``none`` when jsonschema finds the instance valid).
+
+Engines: ``constrain`` (``mode="specification"``), ``constrain-closed`` (the same
+with ``closed=True``), ``constrain-generation`` (``mode="generation"``: closed
+objects, keys in schema order, ``json.dumps`` whitespace; valid instances with
+other key orders or extra keys are validation errors for it, which is expected:
+its interest is the invalidation column), ``xgrammar`` and ``llguidance``.
 
 Each engine runs in a worker process with a per-schema timeout; a crash or a
 timeout is recorded for that schema and the worker restarts. TTFM is compile
 plus the first mask, TBM the time of each later mask, in µs.
 
-Usage: ``python bench/maskbench.py [--sample N] [--timeout S] [--engines constrain,xgrammar,llguidance]``
+Usage: ``python bench/maskbench.py [--sample N] [--timeout S] [--engines constrain,xgrammar,llguidance]
+[--json PATH]``
 """
 
 from __future__ import annotations
@@ -25,26 +42,28 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
-ENGINES = ("constrain", "constrain-closed", "xgrammar", "llguidance")
-"""``constrain-closed``: constrain with ``closed=True`` (no keys beyond those declared unless allowed)."""
+ENGINES = ("constrain", "constrain-closed", "constrain-generation", "xgrammar", "llguidance")
+"""``constrain-closed``: constrain with ``closed=True`` (no keys beyond those declared unless allowed);
+``constrain-generation``: constrain with ``mode="generation"``."""
+TOP_KEYWORDS = 15
+NONE = "\u2013"  # an en dash: a cell that does not apply
 
 
 class Adapter:
     """One engine behind four calls: compile, fresh matcher, fill a mask, accept a token."""
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
+    def __init__(self, engine: str, tokenizer: Any) -> None:
         import torch
 
-        self.name = name
-        self.closed = name == "constrain-closed"
-        if self.closed:
-            name = self.name = "constrain"
+        self.engine = engine
+        self.name = name = "constrain" if engine.startswith("constrain") else engine
         self.tokenizer = tokenizer
         if name == "constrain":
             import constrain
@@ -71,7 +90,7 @@ class Adapter:
         if self.name == "constrain":
             import constrain
 
-            return constrain.compile(constrain.json_schema(schema, mode="specification", closed=self.closed), self.info)
+            return constrain.compile(self._constraint(schema), self.info)
         if self.name == "xgrammar":
             return self.compiler.compile_json_schema(text)
         import llguidance
@@ -81,6 +100,13 @@ class Adapter:
         if is_error:
             raise ValueError("; ".join(messages))
         return grammar
+
+    def _constraint(self, schema: Any) -> Any:
+        import constrain
+
+        if self.engine == "constrain-generation":
+            return constrain.json_schema(schema, mode="generation")
+        return constrain.json_schema(schema, mode="specification", closed=self.engine == "constrain-closed")
 
     def matcher(self, compiled: Any) -> Any:
         if self.name == "constrain":
@@ -117,57 +143,90 @@ class Adapter:
         return bool(matcher.is_completed())
 
 
-def run_schema(adapter: Adapter, entry: dict[str, Any]) -> dict[str, Any]:
+def violated_keywords(schema: Any, data: Any) -> list[str]:
+    """The JSON Schema keywords ``data`` violates, by python ``jsonschema`` (anyOf/oneOf: the top-level keyword)."""
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator = cls(schema, format_checker=jsonschema.FormatChecker())
+        keywords = sorted({str(error.validator) for error in validator.iter_errors(data)})
+    except Exception:
+        return ["unknown"]
+    return keywords or ["none"]
+
+
+def post_validates(compiled: Any, text: str) -> bool:
+    """Whether constrain's ``compiled.validate`` flags ``text`` (a raise counts as not flagged)."""
+    try:
+        return bool(compiled.validate(text))
+    except Exception:
+        return False
+
+
+class Timer:
+    """TTFM (compile plus the first mask) and TBM (each later mask), in µs."""
+
+    def __init__(self, compile_us: float) -> None:
+        self.compile_us = compile_us
+        self.ttfm: float | None = None
+        self.tbm: list[float] = []
+
+    def add(self, elapsed_us: float) -> None:
+        if self.ttfm is None:
+            self.ttfm = self.compile_us + elapsed_us
+        else:
+            self.tbm.append(elapsed_us)
+
+
+def mask_accepts(adapter: Adapter, compiled: Any, ids: list[int], timer: Timer) -> bool:
+    """Whether the mask allows every token of ``ids`` and the grammar can end after them."""
+    matcher = adapter.matcher(compiled)
+    for token in ids:
+        t0 = time.perf_counter()
+        adapter.fill(matcher)
+        timer.add((time.perf_counter() - t0) * 1e6)
+        if not adapter.allowed(token) or not adapter.accept(matcher, token):
+            return False
+    return adapter.can_end(matcher)
+
+
+def tokenize(tokenizer: Any, text: str) -> list[int]:
     from constrain.testing import token_ids
 
+    try:
+        return list(token_ids(tokenizer, text))
+    except ValueError:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def run_schema(adapter: Adapter, entry: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         compiled = adapter.compile(entry["schema"])
     except Exception as err:
         return {"status": "compile error", "error": str(err)[:300]}
-    compile_us = (time.perf_counter() - start) * 1e6
-    ttfm = None
-    tbm: list[float] = []
-    validation_errors = invalidation_errors = post_validated = 0
-    for test in entry["tests"]:
+    timer = Timer((time.perf_counter() - start) * 1e6)
+    validation_errors = 0
+    accepted_invalid: list[dict[str, Any]] = []
+    for index, test in enumerate(entry["tests"]):
         text = json.dumps(test["data"])
-        try:
-            ids = token_ids(adapter.tokenizer, text)
-        except ValueError:
-            ids = adapter.tokenizer.encode(text, add_special_tokens=False)
-        matcher = adapter.matcher(compiled)
-        passed = True
-        for token in ids:
-            t0 = time.perf_counter()
-            adapter.fill(matcher)
-            elapsed = (time.perf_counter() - t0) * 1e6
-            if ttfm is None:
-                ttfm = compile_us + elapsed
-            else:
-                tbm.append(elapsed)
-            if not adapter.allowed(token) or not adapter.accept(matcher, token):
-                passed = False
-                break
-        passed = passed and adapter.can_end(matcher)
-        if test["valid"] and not passed:
+        accepted = mask_accepts(adapter, compiled, tokenize(adapter.tokenizer, text), timer)
+        if test["valid"] and not accepted:
             validation_errors += 1
-        elif not test["valid"] and passed:
-            if adapter.name == "constrain" and compiled.validate(text):
-                post_validated += 1
-            else:
-                invalidation_errors += 1
-    status = "passing"
-    if validation_errors:
-        status = "validation error"
-    elif invalidation_errors:
-        status = "invalidation error"
+        elif not test["valid"] and accepted:
+            post = post_validates(compiled, text) if adapter.name == "constrain" else None
+            keywords = violated_keywords(entry["schema"], test["data"])
+            accepted_invalid.append({"test": index, "keywords": keywords, "post_validated": post})
+    status = "validation error" if validation_errors else "invalidation error" if accepted_invalid else "passing"
     return {
         "status": status,
-        "ttfm": ttfm if ttfm is not None else compile_us,
-        "tbm": tbm,
-        "post_validated": post_validated,
+        "ttfm": timer.ttfm if timer.ttfm is not None else timer.compile_us,
+        "tbm": timer.tbm,
         "validation_errors": validation_errors,
-        "invalidation_errors": invalidation_errors,
+        "invalidation_errors": len(accepted_invalid),
+        "post_validated": sum(bool(a["post_validated"]) for a in accepted_invalid),
+        "accepted_invalid": accepted_invalid,
         "engine": getattr(compiled, "engine", adapter.name),
     }
 
@@ -242,57 +301,79 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sample", type=int, default=None, help="a random sample of N schemas (seed 0)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per schema and engine")
-    parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--json", type=Path, default=None, help="also write per-schema results here")
-    args = parser.parse_args()
+STATUSES = ("passing", "compile error", "validation error", "invalidation error", "timeout", "crash")
+Results = dict[str, list[dict[str, Any]]]
+
+
+def load_entries(sample: int | None) -> list[dict[str, Any]]:
     if not DATA.is_file():
         sys.exit(f"MaskBench data not found at {DATA} (../shared beside the checkout)")
     with gzip.open(DATA, "rt") as f:
         entries = [json.loads(line) for line in f]
-    if args.sample:
-        entries = random.Random(0).sample(entries, args.sample)
-    engines = args.engines.split(",")
+    return random.Random(0).sample(entries, sample) if sample else entries
+
+
+def run_engines(engines: list[str], entries: list[dict[str, Any]], timeout: float) -> Results:
     from tqdm import tqdm
 
-    all_results: dict[str, list[dict[str, Any]]] = {}
+    all_results: Results = {}
     for engine in engines:
-        runner = Runner(engine, args.timeout)
+        runner = Runner(engine, timeout)
         all_results[engine] = [runner.run(i, e) for i, e in enumerate(tqdm(entries, desc=engine, file=sys.stderr))]
         runner.close()
-    if args.json:
-        named = {
-            k: [{**r, "tbm": None, "name": e["name"]} for r, e in zip(v, entries, strict=True)]
-            for k, v in all_results.items()
-        }
-        args.json.write_text(json.dumps(named))
+    return all_results
 
-    n = len(entries)
-    print(f"MaskBench dev: {n} schemas, SmolLM2 tokenizer, timeout {args.timeout:g} s per schema\n")
-    print(
-        "| engine | passing | compile error | validation error | invalidation error | timeout | crash "
-        "| post-validated instances |"
+
+def write_json(path: Path, all_results: Results, entries: list[dict[str, Any]]) -> None:
+    """Per-schema results without the TBM samples, with each mask-accepted invalid instance's keywords."""
+    named = {
+        engine: [{**r, "tbm": None, "name": e["name"]} for r, e in zip(results, entries, strict=True)]
+        for engine, results in all_results.items()
+    }
+    path.write_text(json.dumps(named))
+
+
+def summary_row(engine: str, results: list[dict[str, Any]], n: int) -> str:
+    count = {s: sum(r["status"] == s for r in results) for s in STATUSES}
+    accepted = sum(r.get("invalidation_errors", 0) for r in results)
+    post = str(sum(r.get("post_validated", 0) for r in results)) if engine.startswith("constrain") else NONE
+    return (
+        f"| {engine} | {count['passing']} ({count['passing'] / n:.1%}) | {count['compile error']} "
+        f"| {count['validation error']} | {count['invalidation error']} | {accepted} | {post} "
+        f"| {count['timeout']} | {count['crash']} |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+
+
+def print_summary(all_results: Results, n: int) -> None:
+    print(
+        "| engine | passing | compile error | validation error | invalidation error (schemas, mask-only) "
+        "| invalid instances accepted by the mask | of which post-validated | timeout | crash |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     notes: list[str] = []
     for engine, results in all_results.items():
-        count = {
-            s: sum(r["status"] == s for r in results)
-            for s in ("passing", "compile error", "validation error", "invalidation error", "timeout", "crash")
-        }
-        post = sum(r.get("post_validated", 0) for r in results)
+        print(summary_row(engine, results, n))
         if engine.startswith("constrain"):
             served = sum(r.get("engine") == "llguidance" for r in results)
             notes.append(f"{engine}: {served} schemas served by llguidance (engine='auto')")
-        print(
-            f"| {engine} | {count['passing']} ({count['passing'] / n:.1%}) | {count['compile error']} "
-            f"| {count['validation error']} | {count['invalidation error']} | {count['timeout']} "
-            f"| {count['crash']} | {post} |"
-        )
     print("\n" + "\n".join(notes))
+
+
+def keyword_counts(results: list[dict[str, Any]]) -> Counter[str]:
+    """Violated keywords of the mask-accepted invalid instances, each instance counting once per keyword."""
+    return Counter(k for r in results for a in r.get("accepted_invalid", []) for k in a["keywords"])
+
+
+def print_keywords(all_results: Results) -> None:
+    print(f"\nViolated keywords of mask-accepted invalid instances (by instance, top {TOP_KEYWORDS})\n")
+    print("| engine | keywords |")
+    print("|---|---|")
+    for engine, results in all_results.items():
+        top = keyword_counts(results).most_common(TOP_KEYWORDS)
+        print(f"| {engine} | {', '.join(f'{k} {c}' for k, c in top) or NONE} |")
+
+
+def print_timings(all_results: Results) -> None:
     for metric in ("ttfm", "tbm"):
         print(f"\n{metric.upper()} (µs)\n")
         print("| engine | avg | p50 | p75 | p90 | p95 | p99 | p99.9 | max |")
@@ -303,12 +384,27 @@ def main() -> None:
             else:
                 values = [v for r in results for v in r.get("tbm", [])]
             p = percentiles(values)
-            cells = (
-                " | ".join(f"{p[k]:,.0f}" for k in ("avg", "p50", "p75", "p90", "p95", "p99", "p99.9", "max"))
-                if p
-                else ""
-            )
+            keys = ("avg", "p50", "p75", "p90", "p95", "p99", "p99.9", "max")
+            cells = " | ".join(f"{p[k]:,.0f}" for k in keys) if p else ""
             print(f"| {engine} | {cells} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sample", type=int, default=None, help="a random sample of N schemas (seed 0)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per schema and engine")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--json", type=Path, default=None, help="also write per-schema results here")
+    args = parser.parse_args()
+    entries = load_entries(args.sample)
+    all_results = run_engines(args.engines.split(","), entries, args.timeout)
+    if args.json:
+        write_json(args.json, all_results, entries)
+    n = len(entries)
+    print(f"MaskBench dev: {n} schemas, SmolLM2 tokenizer, timeout {args.timeout:g} s per schema\n")
+    print_summary(all_results, n)
+    print_keywords(all_results)
+    print_timings(all_results)
 
 
 if __name__ == "__main__":

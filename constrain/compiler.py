@@ -13,7 +13,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import llguidance
@@ -35,6 +35,8 @@ from constrain.errors import CompileError
 from constrain.keys import may_repeat_keys
 from constrain.schema import CoverageEntry, prepare
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
+from constrain.validate import schema_validator
+from constrain.values import ValueChecks
 
 __all__ = [
     "AUTO_LIMITS",
@@ -71,6 +73,7 @@ class CompiledConstraint:
     llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
     llg_grammar_bytes: int = 0
     unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.keys)
+    value_checks: ValueChecks | None = None  # keywords beyond the grammar, checked per value (constrain.values)
     # closing paths from the initial state, per max_tokens (filled by constrain.closing.Budget: every
     # request of this constraint starts there, and the search can take thousands of masks)
     initial_closings: dict[int, list[int] | None] = field(default_factory=dict, repr=False)
@@ -93,7 +96,8 @@ class CompiledConstraint:
 
     @property
     def fully_enforced(self) -> bool:
-        """True when the grammar alone guarantees every keyword (nothing left to post-validation)."""
+        """True when the mask guarantees every keyword (the grammar, and value checks where a keyword is
+        beyond it): nothing is left to post-validation but a reported dead end."""
         return all(entry.status in ("enforced", "ignored") for entry in self.coverage)
 
     def matcher(self, *, max_rollback_tokens: int = -1) -> Any:
@@ -158,6 +162,9 @@ OPEN_KEY_RULES_MAX = 16
 ones" as a trie of rules, one per prefix of a declared name; past this many such rules
 in a schema, extra keys become any string instead. Measured on a 20-property object
 with the SmolLM2 tokenizer: 251 ms to compile exactly, 9 ms with any-string keys."""
+
+AT_BOUNDARIES = "enforced by the mask at value boundaries (a dead end, where no valid value is left, is reported)"
+"""The coverage note of a keyword beyond the grammar that :mod:`constrain.values` enforces."""
 
 _OPEN_KEYS_NOTE = (
     "extra keys of open objects are any string (a declared key may take that path with another value); "
@@ -239,9 +246,11 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
             ebnf, coverage = _json_schema_grammar(constraint)
             grammar = compiler.compile_grammar(ebnf)
             prepared = _prepared(constraint)[0]
+            checks, coverage = _value_checks(constraint, coverage)
             return CompiledConstraint(
-                constraint, info, grammar, coverage, prepared, unique_keys=_unique_keys(constraint, prepared)
-            )
+                constraint, info, grammar, coverage, prepared, unique_keys=_unique_keys(constraint, prepared),
+                value_checks=checks,
+            )  # fmt: skip
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):
@@ -273,13 +282,33 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
     if template.is_error():
         raise CompileError(f"llguidance could not compile the constraint: {template.get_error()}")
     unique_keys = isinstance(constraint, JsonSchema) and _unique_keys(constraint, engine_schema)
+    checks, coverage = _value_checks(constraint, coverage) if isinstance(constraint, JsonSchema) else (None, ())
     return CompiledConstraint(
-        constraint, info, None, coverage, engine_schema, template, len(text), unique_keys=unique_keys
-    )
+        constraint, info, None, coverage, engine_schema, template, len(text), unique_keys=unique_keys,
+        value_checks=checks,
+    )  # fmt: skip
 
 
 def _unique_keys(constraint: JsonSchema, prepared: Any) -> bool:
     return may_repeat_keys(prepared, any_order=constraint.property_order == "any")
+
+
+def _value_checks(
+    constraint: JsonSchema, coverage: tuple[CoverageEntry, ...]
+) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
+    """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
+    the coverage with what they enforce marked so."""
+    validator = schema_validator(constraint.schema)
+    checks = ValueChecks(validator.schema, validator, coverage)
+    if not checks.needs(checks.root_location):
+        return None, coverage
+    enforced = tuple(
+        replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
+        if e.status == "checked"
+        else e
+        for e in coverage
+    )
+    return checks, enforced
 
 
 def _build_auto(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:

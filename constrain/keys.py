@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
 from constrain.tokenizer import TokenizerInfo
 
-__all__ = ["KeyState", "may_repeat_keys"]
+__all__ = ["KeyState", "clear_bits", "may_repeat_keys"]
 
 # scanner modes
 _VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
@@ -148,14 +150,18 @@ class KeyState:
         ids = vocab.multi_quote[self.mode == _IN_STRING]  # [m] int64
         allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]  # [k] int64
         banned += [token for token in allowed.tolist() if self.advance(token) is None]
-        for token in banned:  # cleared as an unsigned word, written back as the int32 of those bits
-            word = int(words[token >> 5]) & 0xFFFFFFFF & ~(1 << (token & 31))
-            words[token >> 5] = word - (1 << 32) if word >> 31 else word
+        clear_bits(words, banned)
 
 
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
-_SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "unevaluatedProperties")
+def clear_bits(
+    # [ceil(V / 32)] int32: a mask row's words; updated in place
+    words: np.ndarray,
+    tokens: Iterable[int],
+) -> None:
+    """Clear the bits of ``tokens`` (each word is cleared as unsigned, written back as the int32 of its bits)."""
+    for token in tokens:
+        word = int(words[token >> 5]) & 0xFFFFFFFF & ~(1 << (token & 31))
+        words[token >> 5] = word - (1 << 32) if word >> 31 else word
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:
@@ -169,8 +175,8 @@ def may_repeat_keys(schema: Any, any_order: bool) -> bool:
         if schema.get("additionalProperties") is not False or (any_order and len(schema.get("properties", ())) > 1):
             return True
     subschemas = [
-        *(sub for key in _SCHEMA_MAPS if isinstance(schema.get(key), dict) for sub in schema[key].values()),
-        *(sub for key in _SCHEMA_LISTS if isinstance(schema.get(key), list) for sub in schema[key]),
-        *(schema[key] for key in _SCHEMAS if key in schema),
+        *(sub for key in SCHEMA_MAPS if isinstance(schema.get(key), dict) for sub in schema[key].values()),
+        *(sub for key in SCHEMA_LISTS if isinstance(schema.get(key), list) for sub in schema[key]),
+        *(schema[key] for key in SINGLE_SCHEMAS if key in schema),
     ]
     return any(may_repeat_keys(sub, any_order) for sub in subschemas if sub is not False)

@@ -170,6 +170,12 @@ class InFlight:
         violations, value = _check(self.compiled, self.text)
         if self.finish_reason == "error" and not violations:
             violations = [self.error or "generation failed"]
+        dead_ends = self.matcher.dead_ends if self.matcher is not None else []
+        if violations and dead_ends:
+            violations.append(
+                f"no valid continuation existed at output token {dead_ends[0]}: every token the grammar allowed "
+                "there completed a value the schema forbids (constrain.values)"
+            )
         asked = self.params.logprobs is not None
         return GenerationResult(
             text=self.text,

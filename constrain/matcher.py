@@ -21,11 +21,16 @@ import xgrammar as xgr
 from constrain import llg
 from constrain.keys import KeyState
 from constrain.llg import LlgState
+from constrain.values import DEAD_END, VIABLE, ValueState
 
 if TYPE_CHECKING:
     from constrain.compiler import CompiledConstraint
 
-__all__ = ["Matcher", "allocate_token_bitmask", "fill_next_token_bitmasks"]
+__all__ = ["LOOKAHEAD_PROBES", "Matcher", "allocate_token_bitmask", "fill_next_token_bitmasks"]
+
+LOOKAHEAD_PROBES = 128
+"""Per filled mask, at most this many look-ahead probes (a fork, a token, a mask each) decide which
+tokens lead into a dead end of the value checks (see ``Matcher``); past it, tokens are assumed viable."""
 
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -45,7 +50,11 @@ class Matcher:
     EOS ids are allowed exactly when the grammar can end, and accepting one
     terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
     a :class:`~constrain.keys.KeyState` per accepted token masks out and refuses any token that
-    would complete a key its object already has.
+    would complete a key its object already has. Where the schema has keywords beyond the grammar
+    (``compiled.value_checks``), a :class:`~constrain.values.ValueState` per accepted token masks out
+    and refuses any token that would complete a value that cannot be valid, unless no allowed token is
+    left: that step is a *dead end* (``dead_ends``), the mask stays the grammar's and the value is
+    taken as it comes.
     """
 
     def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
@@ -64,6 +73,13 @@ class Matcher:
         self.num_accepted = 0
         # the key scanner after each accepted token, the initial state first (None: no key guard)
         self._keys: list[KeyState] | None = [KeyState.initial(compiled.tokenizer)] if compiled.unique_keys else None
+        # the value scanner likewise (None: the grammar is exact)
+        checks = compiled.value_checks
+        self._values: list[ValueState] | None = (
+            None if checks is None else [ValueState.initial(checks, compiled.tokenizer)]
+        )
+        self.dead_ends: list[int] = []  # the steps (accepted-token counts) where no allowed token was valid
+        self._eos = compiled.tokenizer.eos_token_ids
 
     def fill_next_token_bitmask(
         self,
@@ -79,23 +95,63 @@ class Matcher:
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
         restricts = bool(self._engine.fill_next_token_bitmask(bitmask, index))
+        self._check_row(bitmask[index])
+        return restricts or self._keys is not None or self._values is not None
+
+    def _check_row(
+        self,
+        # [ceil(V / 32)] int32, a filled row; updated in place
+        row: torch.Tensor,
+    ) -> None:
+        """Clear from a filled row the tokens the key and value scanners refuse (see the class)."""
         if self._keys is not None:
-            self._keys[-1].forbid_duplicates(bitmask[index])
-        return restricts or self._keys is not None
+            self._keys[-1].forbid_duplicates(row)
+        if self._values is not None:
+            budget = [LOOKAHEAD_PROBES]
+            found = self._values[-1].forbid_violations(row, self._eos, lambda token: self._viable(token, 2, budget))
+            if found == DEAD_END:
+                if not self.dead_ends or self.dead_ends[-1] != self.num_accepted:
+                    self.dead_ends.append(self.num_accepted)
+
+    def _viable(self, token_id: int, depth: int, budget: list[int]) -> bool:
+        """Whether something valid can follow ``token_id``: the text the grammar forces after it completes
+        no value the schema forbids, and (``depth`` > 1) the next step is no dead end. Optimistic once
+        ``budget[0]`` probes are spent."""
+        if token_id in self._eos or budget[0] <= 0:
+            return True
+        budget[0] -= 1
+        probe = self.fork()
+        if not probe.accept_token(token_id):
+            return False
+        forced = str(probe._engine.find_jump_forward_string()).encode()
+        assert probe._values is not None
+        state = probe._values[-1].advance_bytes(forced) if forced else probe._values[-1]
+        if state is None or depth <= 1 or probe._engine.is_terminated():
+            return state is not None
+        row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
+        probe._engine.fill_next_token_bitmask(row.unsqueeze(0), 0)
+        return state.forbid_violations(row, self._eos, lambda token: probe._viable(token, depth - 1, budget)) == VIABLE
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would
-        complete a duplicate key."""
+        complete a duplicate key, or a value the schema forbids (unless this step is a dead end)."""
         token_id = int(token_id)
-        keys = None
-        if self._keys is not None and token_id < self.compiled.vocab_size:
-            keys = self._keys[-1].advance(token_id)
-            if keys is None:
+        keys = values = None
+        if token_id < self.compiled.vocab_size:  # an id past the tokenizer's (padding) holds no text
+            if self._keys is not None and (keys := self._keys[-1].advance(token_id)) is None:
                 return False
+            if self._values is not None:
+                stuck = bool(self.dead_ends) and self.dead_ends[-1] == self.num_accepted
+                if (values := self._values[-1].advance(token_id, strict=not stuck)) is None:
+                    return False
+                if token_id in self.compiled.tokenizer.eos_token_ids and not stuck and not values.can_end():
+                    return False
         if not self._engine.accept_token(token_id):
             return False
         if self._keys is not None:
-            self._keys.append(keys or self._keys[-1])  # an id past the tokenizer's (padding) holds no text
+            self._keys.append(keys or self._keys[-1])
+        if self._values is not None:
+            self._values.append(values or self._values[-1])
         self.num_accepted += 1
         return True
 
@@ -108,13 +164,17 @@ class Matcher:
 
     def accept_string(self, text: str) -> bool:
         """Advance by raw text (validation); ``False`` (state unchanged) if rejected. Cannot be rolled back."""
-        keys = None if self._keys is None else self._keys[-1].advance_bytes(text.encode("utf-8"))
-        if self._keys is not None and keys is None:
+        data = text.encode("utf-8")
+        keys = None if self._keys is None else self._keys[-1].advance_bytes(data)
+        values = None if self._values is None else self._values[-1].advance_bytes(data)
+        if (self._keys is not None and keys is None) or (self._values is not None and values is None):
             return False
         if not self._engine.accept_string(text):
             return False
         if self._keys is not None and keys is not None:
             self._keys[-1] = keys
+        if self._values is not None and values is not None:
+            self._values[-1] = values
         return True
 
     def rollback(self, num_tokens: int) -> None:
@@ -125,6 +185,10 @@ class Matcher:
         self.num_accepted -= num_tokens
         if self._keys is not None and num_tokens:
             del self._keys[-num_tokens:]
+        if self._values is not None and num_tokens:
+            del self._values[-num_tokens:]
+        while self.dead_ends and self.dead_ends[-1] > self.num_accepted:
+            self.dead_ends.pop()
 
     def is_terminated(self) -> bool:
         """True once an EOS token was accepted."""
@@ -132,7 +196,7 @@ class Matcher:
 
     def is_completed(self) -> bool:
         """True when the text so far is a complete match (EOS would be accepted now)."""
-        return bool(self._engine.is_completed())
+        return bool(self._engine.is_completed()) and (self._values is None or self._values[-1].can_end())
 
     def can_continue(self) -> bool:
         """Whether any token besides EOS is allowed now (a complete ``12`` may still become ``123``).
@@ -148,11 +212,15 @@ class Matcher:
         return bool((words != 0).any())
 
     def forced_text(self) -> str:
-        """The longest text every continuation starts with ("" if the next character is free).
+        """The longest text every continuation starts with ("" if the next character is free, or if that
+        text completes a value the schema forbids: sampling then meets the dead end, see the class).
 
         Does not change the matcher state.
         """
-        return str(self._engine.find_jump_forward_string())
+        text = str(self._engine.find_jump_forward_string())
+        if text and self._values is not None and self._values[-1].advance_bytes(text.encode()) is None:
+            return ""
+        return text
 
     def reset(self) -> None:
         """Back to the initial state."""
@@ -160,6 +228,9 @@ class Matcher:
         self.num_accepted = 0
         if self._keys is not None:
             del self._keys[1:]
+        if self._values is not None:
+            del self._values[1:]
+        self.dead_ends.clear()
 
     def fork(self) -> Matcher:
         """An independent copy of this matcher, in the same state."""
@@ -169,6 +240,9 @@ class Matcher:
         twin._engine = self._engine.fork()
         twin.num_accepted = self.num_accepted
         twin._keys = None if self._keys is None else list(self._keys)
+        twin._values = None if self._values is None else list(self._values)
+        twin.dead_ends = list(self.dead_ends)
+        twin._eos = self._eos
         return twin
 
 
@@ -197,5 +271,4 @@ def fill_next_token_bitmasks(
     if by_llg:
         llg.fill_next_token_bitmasks([m for m, _ in by_llg], bitmask, [row for _, row in by_llg])
     for matcher, row in zip(matchers, rows, strict=True):
-        if matcher._keys is not None:
-            matcher._keys[-1].forbid_duplicates(bitmask[row])
+        matcher._check_row(bitmask[row])

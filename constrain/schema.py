@@ -33,7 +33,7 @@ import xgrammar as xgr
 
 from constrain.errors import SchemaError, UnsupportedSchemaError
 
-__all__ = ["CoverageEntry", "Status", "prepare", "resolve_local"]
+__all__ = ["SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "CoverageEntry", "Status", "prepare", "resolve_local"]
 
 Status = Literal["enforced", "checked", "approximated", "ignored"]
 
@@ -71,6 +71,14 @@ ENGINE_FORMATS = frozenset(
     }
 )  # fmt: skip
 """``format`` values xgrammar enforces; others are checked by ``jsonschema``'s format checker, if it knows them."""
+
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+SINGLE_SCHEMAS = (
+    "items", "additionalProperties", "additionalItems", "not", "contains", "if", "then", "else",
+    "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+)  # fmt: skip
+"""Where subschemas sit: maps of them, lists of them, single ones (``items`` may also be a draft-7 list)."""
 
 INT64_AS_FLOAT = 2.0**53
 """Integer bounds beyond this are dropped from the grammar (the engine rejects them) and checked."""

@@ -17,7 +17,7 @@ from constrain.constraints import Choice, Grammar, JsonSchema, Regex
 if TYPE_CHECKING:
     from constrain.compiler import CompiledConstraint
 
-__all__ = ["parse_json", "schema_violations", "validate"]
+__all__ = ["parse_json", "schema_validator", "schema_violations", "validate"]
 
 
 def _no_constant(name: str) -> Any:
@@ -50,7 +50,8 @@ def _is_iri(instance: object) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _validator(schema_text: str) -> jsonschema.protocols.Validator:
+def schema_validator(schema_text: str) -> jsonschema.protocols.Validator:
+    """The validator of a JSON schema (its own draft, formats asserted, no reference fetched); memoized."""
     schema = json.loads(schema_text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     # An empty registry: no $ref is ever fetched over the network.
@@ -68,7 +69,7 @@ def schema_violations(constraint: JsonSchema, text: str) -> list[str]:
     except ValueError as err:
         return [f"not valid JSON: {err}"]
     try:
-        errors = sorted(_validator(constraint.schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+        errors = sorted(schema_validator(constraint.schema).iter_errors(value), key=lambda e: list(e.absolute_path))
     except Unresolvable as err:
         return [f"cannot check: reference {err} does not resolve offline"]
     return [f"{_pointer(e.absolute_path)}: {e.message}" for e in errors]

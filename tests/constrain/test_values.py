@@ -1,0 +1,237 @@
+"""Keywords beyond a grammar, enforced by the mask at value boundaries (constrain.values).
+
+Every table row is walked token by token with the mask alone (``accepts``: each token must be allowed by
+the filled mask, and the matcher must be able to end); post-validation plays no part.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import constrain
+from constrain import compiler
+from constrain.compiler import AT_BOUNDARIES
+from constrain.testing import accepts
+
+
+def spec(schema):
+    return constrain.json_schema(schema, mode="specification")
+
+
+TABLE = [
+    # keyword, schema, accepted, refused
+    (
+        "uniqueItems",
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        ["[1, 2, 3]", "[]", "[1, 10]"],
+        ["[1, 2, 1]", "[3, 3]"],
+    ),
+    (
+        "uniqueItems (objects)",
+        {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+        ['[{"a": 1}, {"a": 2}]'],
+        ['[{"a": 1}, {"a": 1}]'],
+    ),
+    (
+        "maxContains",
+        {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "maxContains": 1},
+        ["[1, 2, 3]", "[2, 1]"],
+        ["[1, 2, 1]", "[1, 1]"],
+    ),
+    (
+        "minContains",
+        {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "minContains": 2},
+        ["[1, 2, 1]"],
+        ["[1, 2]", "[]"],
+    ),
+    (
+        "multipleOf",
+        {"type": "number", "multipleOf": 0.25},
+        ["1.25", "3", "0.5"],
+        ["1.3", "0.1"],
+    ),
+    (
+        "not",
+        {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+        ['{"a": 1}', '{"a": null}'],
+        ['{"a": "x"}'],
+    ),
+    (
+        "dependentRequired",
+        {
+            "type": "object",
+            "properties": {"card": {"type": "string"}, "billing": {"type": "string"}},
+            "dependentRequired": {"card": ["billing"]},
+        },
+        ['{"card": "x", "billing": "y"}', '{"billing": "y"}', "{}"],
+        ['{"card": "x"}'],
+    ),
+    (
+        "dependentSchemas",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentSchemas": {"a": {"required": ["b"]}},
+        },
+        ['{"a": 1, "b": 2}', '{"b": 2}'],
+        ['{"a": 1}'],
+    ),
+    (
+        "minProperties beside optional keys",
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 1},
+        ['{"a": 1}', '{"b": 2}'],
+        ["{}"],
+    ),
+    (
+        "maxProperties beside optional keys",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+            "maxProperties": 2,
+        },
+        ['{"a": 1, "b": 2}', "{}"],
+        ['{"a": 1, "b": 2, "c": 3}'],
+    ),
+    (
+        "if/then/else",
+        {
+            "type": "object",
+            "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+            "required": ["kind", "n"],
+            "if": {"properties": {"kind": {"const": "a"}}},
+            "then": {"properties": {"n": {"minimum": 10}}},
+            "else": {"properties": {"n": {"maximum": 0}}},
+        },
+        ['{"kind": "a", "n": 12}', '{"kind": "b", "n": -3}'],
+        ['{"kind": "a", "n": 3}', '{"kind": "b", "n": 3}'],
+    ),
+    (
+        "format (email)",
+        {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}, "required": ["to"]},
+        ['{"to": "ana@example.org"}'],
+        ['{"to": "not an address"}'],
+    ),
+    (
+        "format (uri)",
+        {"type": "object", "properties": {"home": {"type": "string", "format": "uri"}}, "required": ["home"]},
+        ['{"home": "https://example.org/a"}'],
+        ['{"home": "example"}'],
+    ),
+    (
+        "oneOf exclusive",
+        {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]},
+        ["-2", "0.5"],
+        ["3"],
+    ),
+    (
+        "propertyNames",
+        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 3}},
+        ['{"ab": 1}'],
+        ['{"abcd": 1}'],
+    ),
+]
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize(("keyword", "schema", "good", "bad"), TABLE, ids=[row[0] for row in TABLE])
+def test_the_mask_alone_enforces(smol_tokenizer, engine, keyword, schema, good, bad):
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
+    assert compiled.value_checks is not None, keyword
+    for text in good:
+        assert accepts(compiled, smol_tokenizer, text), f"{keyword}: a valid {text} was refused"
+    for text in bad:
+        assert compiled.validate(text), f"table error: {text} is valid"
+        assert not accepts(compiled, smol_tokenizer, text), f"{keyword}: the mask let {text} through"
+
+
+def test_coverage_says_enforced_at_boundaries(smol_tokenizer):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}, "required": ["tags"]}
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
+    entry = next(e for e in compiled.coverage if e.keyword == "uniqueItems")
+    assert entry.status == "enforced" and AT_BOUNDARIES in entry.note
+    assert compiled.fully_enforced
+    exact = constrain.compile(spec({"type": "array", "items": {"type": "integer"}}), smol_tokenizer)
+    assert exact.value_checks is None  # nothing beyond the grammar: no scanner at all
+
+
+def test_a_declared_key_written_as_an_extra_key_keeps_its_schema(smol_tokenizer):
+    """Past 16 declared names, an open object's extra keys are any string: a declared key taking that
+    path must still get its own value schema (issue 14's example: an array of strings took 12345)."""
+    names = [f"field_{i}" for i in range(12)]
+    schema = {"type": "object", "properties": {n: {"type": "array", "items": {"type": "string"}} for n in names}}
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine="xgrammar")
+    assert any("any string" in e.note for e in compiled.coverage)
+    assert accepts(compiled, smol_tokenizer, '{"field_3": ["a"], "other": 12345}')
+    assert not accepts(compiled, smol_tokenizer, '{"other": 1, "field_3": [12345]}')
+
+
+def test_the_lookahead_refuses_what_leads_only_to_invalid_values(smol_tokenizer):
+    """The engines' date regexes know no month lengths: after "2023-02-3 they allow 0 and 1, and each
+    forces the closing quote of an invalid date. Looking two steps ahead, the mask refuses the 3."""
+    from constrain.testing import token_ids, walk
+
+    compiled = constrain.compile(spec({"type": "string", "format": "date"}), smol_tokenizer)
+    assert accepts(compiled, smol_tokenizer, '"2024-02-29"') and accepts(compiled, smol_tokenizer, '"2023-03-31"')
+    through, matcher = walk(compiled, token_ids(smol_tokenizer, '"2023-02-30"'))
+    assert not through and matcher.num_accepted == len(token_ids(smol_tokenizer, '"2023-02-'))
+    assert not matcher.dead_ends
+
+
+def test_matcher_state_follows_rollback_and_fork(smol_tokenizer):
+    from constrain.testing import token_ids
+
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
+    ids = token_ids(smol_tokenizer, "[1, 2, 1")
+    matcher = compiled.matcher()
+    assert matcher.accept_tokens(ids) == len(ids)
+    close = token_ids(smol_tokenizer, "]")[0]
+    twin = matcher.fork()
+    assert not matcher.accept_token(close)  # [1, 2, 1] would repeat an item
+    matcher.rollback(1)  # back to "[1, 2, "
+    assert matcher.accept_tokens(token_ids(smol_tokenizer, "3]")) == 2 and matcher.is_completed()
+    assert not twin.accept_token(close) and twin.accept_tokens(token_ids(smol_tokenizer, "0]")) == 2
+
+
+ENUM_SET = {
+    "type": "array",
+    "items": {"enum": ["red", "green", "blue", "black"]},
+    "uniqueItems": True,
+    "minItems": 3,
+    "maxItems": 4,  # a fifth item has no valid value: the lookahead (two steps) would meet that dead end late
+}
+
+
+def test_generation_never_completes_a_forbidden_value(tiny, monkeypatch):
+    """A random model picks colours at random: without the checks it repeats one in most samples; with
+    them, no sample does, and none hits a dead end."""
+
+    def run(constraint):
+        return [
+            constrain.generate(tiny, "colours:", constraint=constraint, temperature=1.0, seed=seed, max_tokens=60)
+            for seed in range(12)
+        ]
+
+    checked = run(spec(ENUM_SET))
+    assert all(r.valid for r in checked), [(r.text, r.violations) for r in checked]
+    assert all(len(set(r.value)) == len(r.value) >= 3 for r in checked)
+    # the test can fail: the grammar alone repeats (another cache key, compiled without the checks)
+    monkeypatch.setattr(compiler, "_value_checks", lambda constraint, coverage: (None, coverage))
+    unchecked = run(constrain.json_schema(ENUM_SET, mode="specification", whitespace="compact"))
+    assert sum(not r.valid for r in unchecked) >= 3, [r.text for r in unchecked]
+
+
+def test_a_dead_end_is_reported(tiny):
+    """Two values and three distinct items: no valid continuation exists, and the result says so."""
+    schema = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3}
+    result = constrain.generate(tiny, "x", constraint=spec(schema), temperature=0, max_tokens=40, close_in_budget=False)
+    assert not result.valid
+    assert any("no valid continuation" in v for v in result.violations), result.violations
+
+
+def test_the_closing_path_respects_the_checks(tiny):
+    """A budget too small for the model's own ending: the closing path writes distinct items."""
+    schema = {"type": "array", "items": {"enum": ["a", "b", "c", "d", "e"]}, "uniqueItems": True, "minItems": 4}
+    for seed in range(4):
+        result = constrain.generate(tiny, "x", constraint=spec(schema), temperature=1.0, seed=seed, max_tokens=24)
+        assert result.valid, (result.text, result.violations)
