@@ -598,6 +598,7 @@ def completion(
     shorter: the search counts free text character by character, so it looks for paths up to
     :data:`_SLACK` times ``max_tokens`` (plus 16) and keeps one that re-tokenizes to ``max_tokens``.
     """
+    matcher = matcher.fork(lookahead=False)  # the search meets dead ends itself, and backs out of them
     vocab = _vocab(matcher.compiled.tokenizer)
     spelled = (vocab.cover(text.encode(), 0)[0] for text in (_hints(matcher) if hints is None else hints))
     hinted = [ids for ids in spelled if ids]

@@ -173,6 +173,8 @@ _OPEN_KEYS_NOTE = (
 _ANY_ORDER_REQUIRED_NOTE = (
     "xgrammar with properties in any order can skip a required key beside optional or extra keys; validated afterwards"
 )
+_SCHEMA_WIDE = {"properties": _OPEN_KEYS_NOTE, "required": _ANY_ORDER_REQUIRED_NOTE}
+"""Schema-wide looseness: the keyword checked wherever it appears, when coverage has the note."""
 _EXCLUDED_KEY_RULE = re.compile(r"^(\S+_addl_key) ::= ")
 _EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
 
@@ -299,7 +301,9 @@ def _value_checks(
     """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
     the coverage with what they enforce marked so."""
     validator = schema_validator(constraint.schema)
-    checks = ValueChecks(validator.schema, validator, coverage)
+    notes = {e.note for e in coverage if e.pointer == ""}
+    everywhere = [key for key, note in _SCHEMA_WIDE.items() if note in notes]
+    checks = ValueChecks(validator.schema, validator, coverage, everywhere)
     if not checks.needs(checks.root_location):
         return None, coverage
     enforced = tuple(

@@ -80,6 +80,7 @@ class Matcher:
         )
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) where no allowed token was valid
         self._eos = compiled.tokenizer.eos_token_ids
+        self.lookahead = True  # masks look ahead for dead ends of the value checks (see the class)
 
     def fill_next_token_bitmask(
         self,
@@ -108,7 +109,8 @@ class Matcher:
             self._keys[-1].forbid_duplicates(row)
         if self._values is not None:
             budget = [LOOKAHEAD_PROBES]
-            found = self._values[-1].forbid_violations(row, self._eos, lambda token: self._viable(token, 2, budget))
+            viable = (lambda token: self._viable(token, 2, budget)) if self.lookahead else None
+            found = self._values[-1].forbid_violations(row, self._eos, viable)
             if found == DEAD_END:
                 if not self.dead_ends or self.dead_ends[-1] != self.num_accepted:
                     self.dead_ends.append(self.num_accepted)
@@ -232,8 +234,9 @@ class Matcher:
             del self._values[1:]
         self.dead_ends.clear()
 
-    def fork(self) -> Matcher:
-        """An independent copy of this matcher, in the same state."""
+    def fork(self, *, lookahead: bool | None = None) -> Matcher:
+        """An independent copy of this matcher, in the same state (``lookahead``: whether its masks look
+        ahead for dead ends of the value checks; None: as this one)."""
         twin = Matcher.__new__(Matcher)
         twin.compiled = self.compiled
         twin._max_rollback = self._max_rollback
@@ -243,6 +246,7 @@ class Matcher:
         twin._values = None if self._values is None else list(self._values)
         twin.dead_ends = list(self.dead_ends)
         twin._eos = self._eos
+        twin.lookahead = self.lookahead if lookahead is None else lookahead
         return twin
 
 

@@ -72,13 +72,6 @@ LOOKAHEAD_TOKENS = 32
 MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
 """Keywords an open container can already break: no item written later repairs them."""
 
-_OPEN_NOTES = {
-    "additionalProperties": "properties",  # extra keys are any string: a declared key may take that path
-    "required": "required",  # any order: a required key may be skipped
-}
-"""Schema-wide coverage entries (pointer ``""``) that put every subschema with a keyword under check."""
-
-
 def _and(left: Dnf, right: Dnf) -> Dnf:
     product = frozenset(a | b for a in left for b in right)
     return product if len(product) <= MAX_ALTERNATIVES else left  # too many: keep the weaker side
@@ -94,18 +87,20 @@ class ValueChecks:
 
     ``schema`` is the schema as the user wrote it; ``validator`` checks against it (``jsonschema``,
     its draft, formats asserted); ``coverage`` is the preparer's, whose ``checked`` pointers say where the
-    grammar accepts a superset. Thread-safe: its caches only ever gain entries that are equal.
+    grammar accepts a superset; ``everywhere``: keywords under check wherever they appear (the grammar
+    is loose on them schema-wide). Thread-safe: its caches only ever gain entries that are equal.
     """
 
-    def __init__(self, schema: Any, validator: Any, coverage: Iterable[CoverageEntry]) -> None:
+    def __init__(
+        self, schema: Any, validator: Any, coverage: Iterable[CoverageEntry], everywhere: Iterable[str] = ()
+    ) -> None:
         self.root = schema
         self.validator = validator
         self.legacy = "prefixItems" not in validator.VALIDATORS  # draft 7 and before: tuple ``items``
         self.nodes: list[Any] = []  # subschemas by index
         self._index: dict[int, int] = {}
         checked = {e.pointer for e in coverage if e.status in ("checked", "approximated")}
-        everywhere = {_OPEN_NOTES[e.keyword] for e in coverage if e.pointer == "" and e.keyword in _OPEN_NOTES}
-        self._needing = self._find_needing(checked, everywhere)
+        self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
         self._verdicts: dict[tuple[Dnf, bool, str], bool] = {}
 
@@ -352,12 +347,15 @@ class _Frame:
 
 @dataclass(frozen=True, slots=True)
 class _Vocab:
+    """Per token, its bytes; and the ids of the tokens that can complete a value, per scanner mode."""
+
     texts: list[bytes]
-    quote: np.ndarray  # [q] int64: ids of the tokens holding '"'
-    closer: np.ndarray  # [c] int64: ids of the tokens holding ',', ']' or '}'
-    quote_closer: np.ndarray  # [qc] int64: ids holding '"' and a closer
-    after_text: np.ndarray  # [a] int64: ids holding '"', a closer, or whitespace after other text
-    spaced: np.ndarray  # [s] int64: ids holding '"', a closer or any whitespace
+    quote: np.ndarray  # [q] int64: ids holding '"' (in a string: they may close it)
+    quote_closer: np.ndarray  # [qc] int64: ids holding '"' and a closer (close a string, then a container)
+    value_end: np.ndarray  # [e] int64: a closer, two '"' or whitespace after other text (outside strings)
+    key_end: np.ndarray  # [k] int64: ``value_end`` with a '"' (in a key: close it, then complete a value)
+    closer: np.ndarray  # [c] int64: ids holding ',', ']' or '}'
+    spaced: np.ndarray  # [s] int64: ``value_end`` or any whitespace (in a scalar: end it)
 
 
 @functools.lru_cache(maxsize=8)
@@ -366,19 +364,23 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
     texts = [b"" if i in special else bytes(t) for i, t in enumerate(info.xgr_info.decoded_vocab)]
     texts += [b""] * (info.vocab_size - len(texts))
 
-    def ids(test: Any) -> np.ndarray:
+    def ids(test: Callable[[bytes], bool]) -> np.ndarray:
         return np.array([i for i, t in enumerate(texts) if t and test(t)], dtype=np.int64)
 
-    def structural(t: bytes) -> bool:
-        return b'"' in t or any(c in _CLOSERS for c in t)
+    def closes(t: bytes) -> bool:
+        return any(c in _CLOSERS for c in t)
+
+    def value_end(t: bytes) -> bool:
+        return closes(t) or t.count(b'"') >= 2 or any(c in _WHITESPACE for c in t.lstrip(b" \t\n\r"))
 
     return _Vocab(
         texts,
         quote=ids(lambda t: b'"' in t),
-        closer=ids(lambda t: any(c in _CLOSERS for c in t)),
-        quote_closer=ids(lambda t: b'"' in t and any(c in _CLOSERS for c in t)),
-        after_text=ids(lambda t: structural(t) or any(c in _WHITESPACE for c in t.lstrip(b" \t\n\r"))),
-        spaced=ids(lambda t: structural(t) or any(c in _WHITESPACE for c in t)),
+        quote_closer=ids(lambda t: b'"' in t and closes(t)),
+        value_end=ids(value_end),
+        key_end=ids(lambda t: b'"' in t and value_end(t)),
+        closer=ids(closes),
+        spaced=ids(lambda t: value_end(t) or any(c in _WHITESPACE for c in t)),
     )
 
 
@@ -514,8 +516,10 @@ class ValueState:
                 found = vocab.quote if here else vocab.quote_closer
             elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer
                 found = vocab.spaced if here else vocab.closer
+            elif self.mode in (_IN_KEY, _KEY_ESCAPE):
+                found = vocab.key_end
             else:
-                found = vocab.after_text
+                found = vocab.value_end
             self._memo["candidates"] = found, here
         return self._memo["candidates"]  # type: ignore[no-any-return]
 
