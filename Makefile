@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench maskbench conformance differential termination e2e serve
+.PHONY: demo test lint bench maskbench coverage conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ conformance: $(VENV)/.installed
 
 maskbench: $(VENV)/.installed
 	$(PY) bench/maskbench.py --sample 400
+
+coverage: $(VENV)/.installed
+	$(PY) bench/coverage.py --sample 100
 
 differential: $(VENV)/.installed
 	$(PY) bench/differential.py --sample 400

@@ -72,6 +72,7 @@ LOOKAHEAD_TOKENS = 32
 MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
 """Keywords an open container can already break: no item written later repairs them."""
 
+
 def _and(left: Dnf, right: Dnf) -> Dnf:
     product = frozenset(a | b for a in left for b in right)
     return product if len(product) <= MAX_ALTERNATIVES else left  # too many: keep the weaker side
@@ -129,7 +130,7 @@ class ValueChecks:
             node, pointer = stack.pop()
             if not isinstance(node, dict) or (index := self._loc(node)) in edges:
                 continue
-            if pointer in checked or self._beyond(node) or any(key in node for key in everywhere):
+            if self._beyond(node) or any(key in node for key in everywhere):
                 own.add(index)
             subs = list(_subschemas(node, pointer))
             target = self._target(node)
@@ -137,6 +138,7 @@ class ValueChecks:
                 subs.append((target, str(node["$ref"])[1:]))
             edges[index] = [self._loc(sub) for sub, _ in subs if isinstance(sub, dict)]
             stack += subs
+        own |= {self._loc(node) for node in map(self._deepest, checked) if isinstance(node, dict)}
         needing, frontier = set(own), list(own)
         parents: dict[int, list[int]] = {}
         for parent, children in edges.items():
@@ -149,10 +151,29 @@ class ValueChecks:
                     frontier.append(parent)
         return frozenset(needing)
 
+    def _deepest(self, pointer: str) -> Any:
+        """The deepest subschema of the document on ``pointer``'s path: a coverage pointer may name a
+        place the preparer made (inside merged ``allOf`` branches), checked from the node that holds it."""
+        node, found = self.root, self.root
+        for raw in pointer.split("/")[1:]:
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break
+            if isinstance(node, dict):
+                found = node
+        return found
+
     @staticmethod
     def _beyond(node: dict[str, Any]) -> bool:
         if any(key in node for key in BEYOND_GRAMMAR if node.get(key) is not False):
             return True
+        required, described = node.get("required"), node.get("properties")
+        if isinstance(required, list) and not set(required) <= set(described if isinstance(described, dict) else ()):
+            return True  # a required key the properties do not describe: the engines may let it be skipped
         step = node.get("multipleOf")
         return step is not None and not (isinstance(step, int) and node.get("type") == "integer")
 
@@ -452,6 +473,15 @@ class ValueState:
             raise _Violation
         return (*stack[:-1], grown)
 
+    def _name(self, stack: tuple[_Frame, ...], key: str, strict: bool) -> tuple[_Frame, ...]:
+        """Record a completed key; check it (``propertyNames``, ``maxProperties``) where its object is
+        checked as it grows."""
+        top, checks = stack[-1], self.checks
+        if strict and checks.grows_checked(top.location):
+            if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
+                raise _Violation
+        return (*stack[:-1], replace(top, key=key))
+
     def _scan(self, data: bytes, strict: bool) -> ValueState:
         mode, stack, text = self.mode, self.stack, self.text
         at, end = 0, len(data)
@@ -469,7 +499,7 @@ class ValueState:
                 if byte == _BACKSLASH:
                     mode = _STRING_ESCAPE if mode == _IN_STRING else _KEY_ESCAPE
                 elif byte == _QUOTE and mode == _IN_KEY:
-                    stack, mode = (*stack[:-1], replace(stack[-1], key=_parse(text))), _COLON
+                    stack, mode = self._name(stack, _parse(text), strict), _COLON
                 elif byte == _QUOTE:
                     stack, mode = self._complete(stack, _parse(text), strict), _AFTER
                 continue
@@ -516,8 +546,8 @@ class ValueState:
                 found = vocab.quote if here else vocab.quote_closer
             elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer
                 found = vocab.spaced if here else vocab.closer
-            elif self.mode in (_IN_KEY, _KEY_ESCAPE):
-                found = vocab.key_end
+            elif self.mode in (_IN_KEY, _KEY_ESCAPE):  # completes the key (checked as its object grows), then a value
+                found = vocab.quote if stack and checks.grows_checked(stack[-1].location) else vocab.key_end
             else:
                 found = vocab.value_end
             self._memo["candidates"] = found, here

@@ -221,6 +221,33 @@ def test_generation_never_completes_a_forbidden_value(tiny, monkeypatch):
     assert sum(not r.valid for r in unchecked) >= 3, [r.text for r in unchecked]
 
 
+GENERATED = {
+    "multipleOf": {"type": "array", "items": {"type": "number", "multipleOf": 3}, "minItems": 3, "maxItems": 3},
+    "not": {"type": "array", "items": {"type": "integer", "not": {"enum": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]}},
+            "minItems": 3, "maxItems": 3},
+    "maxContains": {"type": "array", "items": {"enum": [1, 2]}, "contains": {"const": 1}, "maxContains": 1,
+                    "minItems": 4, "maxItems": 4},
+    "oneOf": {"type": "array", "items": {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]},
+              "minItems": 3, "maxItems": 3},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("keyword", list(GENERATED))
+def test_sampled_outputs_keep_the_keyword(tiny, keyword, monkeypatch):
+    """Sampled on a random model, every output keeps the keyword; the grammar alone breaks it."""
+
+    def run(constraint):
+        return [
+            constrain.generate(tiny, "x", constraint=constraint, temperature=1.0, seed=s, max_tokens=40)
+            for s in range(8)
+        ]
+
+    assert all(r.valid for r in run(spec(GENERATED[keyword]))), keyword
+    monkeypatch.setattr(compiler, "_value_checks", lambda constraint, coverage: (None, coverage))
+    unchecked = run(constrain.json_schema(GENERATED[keyword], mode="specification", whitespace="compact"))
+    assert any(not r.valid for r in unchecked), [r.text for r in unchecked]
+
+
 def test_a_dead_end_is_reported(tiny):
     """Two values and three distinct items: no valid continuation exists, and the result says so."""
     schema = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3}
