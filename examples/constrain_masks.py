@@ -24,7 +24,8 @@ def main() -> None:
     tokenizer = constrain.load_tokenizer()  # SmolLM2-135M-Instruct's, converted once and cached
     compiled = constrain.compile(constrain.json_schema(Person), tokenizer)
     checked = [f"{e.pointer or '/'} {e.keyword}" for e in compiled.coverage if e.status == "checked"]
-    print(f"enforced by the grammar alone: {compiled.fully_enforced}; checked afterwards: {checked}")
+    print(f"enforced by the mask: {compiled.fully_enforced}; value checks: {compiled.value_checks is not None}")
+    print(f"checked afterwards only: {checked}")
 
     matcher = compiled.matcher()
     bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)

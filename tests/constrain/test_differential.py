@@ -247,13 +247,16 @@ def test_fixed_disagreement_stays_fixed(smol_tokenizer, cause, mode, schema, tex
     assert verdicts[0] == verdicts[1], (cause, verdicts)
 
 
-def test_required_in_any_order_is_reported_as_checked(smol_tokenizer):
-    """xgrammar's any-order objects can skip a required key: coverage says so, and validate() flags it."""
+def test_required_in_any_order_is_enforced_at_the_object_end(smol_tokenizer):
+    """xgrammar's any-order objects can skip a required key: coverage says so, and the mask refuses the
+    closing brace of an object without it (constrain.values)."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
               "required": ["a"], "additionalProperties": False}  # fmt: skip
     compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")
-    assert any(e.keyword == "required" and e.status == "checked" for e in compiled.coverage)
-    assert compiled.validate('{"b": 1}')
+    entry = next(e for e in compiled.coverage if e.keyword == "required" and "any order" in e.note)
+    assert entry.status == "enforced" and "value boundaries" in entry.note
+    assert compiled.validate('{"b": 1}') and not accepts(compiled, smol_tokenizer, '{"b": 1}')
+    assert accepts(compiled, smol_tokenizer, '{"b": 1, "a": 2}')
 
 
 REPORTED_EXAMPLES = [

@@ -158,22 +158,23 @@ def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
 
 def test_llguidance_serves_what_it_refuses_as_a_superset(smol_tokenizer):
     """Formats llguidance does not know, and minProperties beside optional keys, are dropped from its
-    grammar, reported in the coverage, and checked afterwards (llguidance alone refuses the schema)."""
+    grammar and enforced by the mask at value boundaries instead (llguidance alone refuses the schema)."""
     schema = {
         "type": "object",
         "properties": {"u": {"type": "string", "format": "uri-reference"}, "v": {"type": "integer"}},
         "minProperties": 1,
     }
     compiled = constrain.compile(spec(schema), smol_tokenizer, engine="llguidance")
-    refused = {e.keyword: e for e in compiled.coverage if e.note.startswith("llguidance")}
+    refused = {e.keyword: e for e in compiled.coverage if "llguidance serves" in e.note}
     assert set(refused) == {"format", "minProperties"}
-    assert all(e.status == "checked" for e in refused.values()) and "uri-reference" in refused["format"].note
-    assert not compiled.fully_enforced
+    assert all(e.status == "enforced" for e in refused.values()) and "uri-reference" in refused["format"].note
+    assert all("value boundaries" in e.note for e in refused.values())  # the mask takes them over
+    assert compiled.fully_enforced
     assert accepts(compiled, smol_tokenizer, '{"u": "a/b?c", "v": 1}')
     assert not accepts(compiled, smol_tokenizer, '{"u": 1}')  # the rest is still enforced
     for text in ('{"u": "a/b?c"}', '{"v": 2}'):
         assert accepts(compiled, smol_tokenizer, text) and compiled.validate(text) == []
-    assert accepts(compiled, smol_tokenizer, "{}") and compiled.validate("{}")  # minProperties, afterwards
+    assert compiled.validate("{}") and not accepts(compiled, smol_tokenizer, "{}")  # minProperties, at the "}"
     assert compiled.validate('{"u": "\\\\bad ref"}')  # not a URI reference
 
 

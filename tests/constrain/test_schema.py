@@ -97,10 +97,13 @@ def test_coverage_reports_each_keyword(smol_tokenizer):
     assert status[("", "type")] == "enforced"
     assert status[("", "title")] == "ignored"
     assert status[("", "x-vendor")] == "ignored"
-    assert status[("/properties/tags", "uniqueItems")] == "checked"
-    assert status[("/properties/n", "multipleOf")] == "checked"
-    assert not compiled.fully_enforced
-    assert constrain.compile(spec({"type": "integer"}), smol_tokenizer).fully_enforced
+    assert status[("/properties/tags", "uniqueItems")] == "enforced"  # by the mask at value boundaries
+    assert status[("/properties/n", "multipleOf")] == "enforced"
+    notes = {(e.pointer, e.keyword): e.note for e in compiled.coverage}
+    assert "value boundaries" in notes[("/properties/n", "multipleOf")]
+    assert compiled.fully_enforced and compiled.value_checks is not None
+    exact = constrain.compile(spec({"type": "integer"}), smol_tokenizer)
+    assert exact.fully_enforced and exact.value_checks is None
 
 
 def test_strict_refuses_what_cannot_be_checked_and_lenient_reports_it(smol_tokenizer):
