@@ -273,7 +273,7 @@ def _hypothesis_jsonschema_compat() -> Iterator[None]:
         _from_schema.cu = saved  # type: ignore[attr-defined]
 
 
-_UNRAISABLE = frozenset({"__del__", "gc_callback"})
+_UNRAISABLE = frozenset({"__del__", "gc_callback", "remove", "_remove"})  # weakref callbacks too
 """Functions an exception cannot leave (Python reports it as unraisable): the time limit waits them out."""
 
 

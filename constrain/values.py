@@ -464,6 +464,8 @@ class ValueState:
         if not stack:
             return stack
         top = stack[-1]
+        if top.is_object and top.key is None:
+            return stack  # a value where a key belongs: not JSON, and the grammar refuses it
         grown = replace(top, items=(*top.items, (top.key, value) if top.is_object else value), key=None)
         if (
             strict
@@ -473,11 +475,11 @@ class ValueState:
             raise _Violation
         return (*stack[:-1], grown)
 
-    def _name(self, stack: tuple[_Frame, ...], key: str, strict: bool) -> tuple[_Frame, ...]:
+    def _name(self, stack: tuple[_Frame, ...], key: Any, strict: bool) -> tuple[_Frame, ...]:
         """Record a completed key; check it (``propertyNames``, ``maxProperties``) where its object is
         checked as it grows."""
         top, checks = stack[-1], self.checks
-        if strict and checks.grows_checked(top.location):
+        if strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
         return (*stack[:-1], replace(top, key=key))
