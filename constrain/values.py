@@ -125,18 +125,15 @@ class ValueChecks:
         """The subschemas under which some keyword is beyond the grammar (themselves included)."""
         edges: dict[int, list[int]] = {}
         own: set[int] = set()
-        stack: list[tuple[Any, str]] = [(self.root, "")]
+        stack: list[Any] = [self.root]
         while stack:
-            node, pointer = stack.pop()
+            node = stack.pop()
             if not isinstance(node, dict) or (index := self._loc(node)) in edges:
                 continue
             if self._beyond(node) or any(key in node for key in everywhere):
                 own.add(index)
-            subs = list(_subschemas(node, pointer))
-            target = self._target(node)
-            if isinstance(target, dict):
-                subs.append((target, str(node["$ref"])[1:]))
-            edges[index] = [self._loc(sub) for sub, _ in subs if isinstance(sub, dict)]
+            subs = [*_subschemas(node), self._target(node)]
+            edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
             stack += subs
         own |= {self._loc(node) for node in map(self._deepest, checked) if isinstance(node, dict)}
         needing, frontier = set(own), list(own)
@@ -310,21 +307,17 @@ class ValueChecks:
             return True
 
 
-def _subschemas(node: dict[str, Any], pointer: str) -> Iterable[tuple[Any, str]]:
-    """The subschemas directly inside ``node``, with their JSON pointers."""
+def _subschemas(node: dict[str, Any]) -> Iterable[Any]:
+    """The subschemas directly inside ``node``."""
     for key in SCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            yield from ((sub, f"{pointer}/{key}/{_escape(name)}") for name, sub in node[key].items())
+            yield from node[key].values()
     for key in (*SCHEMA_LISTS, "items"):
         if isinstance(node.get(key), list):
-            yield from ((sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(node[key]))
+            yield from node[key]
     for key in SINGLE_SCHEMAS:
         if key in node and not isinstance(node[key], list):
-            yield node[key], f"{pointer}/{key}"
-
-
-def _escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")
+            yield node[key]
 
 
 @functools.lru_cache(maxsize=1024)
