@@ -215,14 +215,7 @@ class Llguidance(HFGenerate):
         super().prepare()
 
     def compile(self, schema: Any) -> Any:
-        """The grammar, checked by building a matcher (llguidance compiles lazily, as masks are asked)."""
-        import llguidance
-
-        grammar = peers.llguidance_grammar(constrain.JsonSchema(json.dumps(schema)))
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
-        if matcher.is_error():
-            raise ValueError(matcher.get_error())
-        return grammar
+        return peers.llguidance_checked_grammar(self.tokenizer, constrain.JsonSchema(json.dumps(schema)))
 
     def processor(self, compiled: Any) -> Any:
         return peers.LlguidanceProcessor(self.tokenizer, compiled, self.handle.eos_token_ids)

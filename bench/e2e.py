@@ -281,14 +281,7 @@ class Llguidance(HFGenerate):
         self.compile(constrain.regex("[a-z]"))
 
     def compile(self, constraint: constrain.Constraint) -> Any:
-        """The grammar, checked by building a matcher (llguidance compiles lazily, as masks are asked)."""
-        import llguidance
-
-        grammar = peers.llguidance_grammar(constraint)
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
-        if matcher.is_error():
-            raise ValueError(matcher.get_error())
-        return grammar
+        return peers.llguidance_checked_grammar(self.tokenizer, constraint)
 
     def processor(self, compiled: Any) -> Any:
         return peers.LlguidanceProcessor(self.tokenizer, compiled, self.handle.eos_token_ids)

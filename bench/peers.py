@@ -102,6 +102,18 @@ def llguidance_grammar(constraint: constrain.Constraint) -> str:
     return llguidance.grammar_from("choice", json.dumps(list(constraint.options)))
 
 
+def llguidance_checked_grammar(tokenizer: Any, constraint: constrain.Constraint) -> str:
+    """:func:`llguidance_grammar`, checked by building a matcher (llguidance compiles lazily, as masks are
+    asked); ``ValueError`` if llguidance refuses it."""
+    import llguidance
+
+    grammar = llguidance_grammar(constraint)
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    if matcher.is_error():
+        raise ValueError(matcher.get_error())
+    return grammar
+
+
 class LlguidanceProcessor:
     """A transformers logits processor over llguidance matchers, one per row of the batch.
 
