@@ -75,7 +75,7 @@ _ESCAPES = 8
 Encode = Callable[[str], list[int]]
 
 Signature = tuple[str, int]
-"""What a matcher state allows next: its forced text and a hash of its next-token mask."""
+"""What a matcher state allows next: its forced text and a hash of its next-token mask (and value digest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +191,10 @@ def _take_forced(probe: Matcher, text: str, encode: Encode, chars: dict[str, int
 
 
 def _signature(probe: Matcher, bitmask: torch.Tensor) -> Signature:
-    """What ``probe`` allows next: its forced text and a hash of its next-token mask (fills ``bitmask``)."""
+    """What ``probe`` allows next: its forced text and a hash of its next-token mask and of what its value
+    checks still depend on (fills ``bitmask``)."""
     probe.fill_next_token_bitmask(bitmask)
-    return probe.forced_text(), hash(bitmask[0].numpy().tobytes())
+    return probe.forced_text(), hash((bitmask[0].numpy().tobytes(), probe.value_digest()))
 
 
 def _escape(
@@ -240,8 +241,20 @@ def _escape(
     return [int(best[1])]
 
 
+def _alive(probe: Matcher, bitmask: torch.Tensor) -> bool:
+    """Whether ``probe`` (a search fork) can go on, else rolled back by one token: under value checks a
+    dead end allows nothing (``fork(search=True)``); without them every state can go on."""
+    if not probe.checks_values or probe.is_completed():
+        return True
+    probe.fill_next_token_bitmask(bitmask)
+    if bool(bitmask.any()):
+        return True
+    probe.rollback(1)
+    return False
+
+
 def _greedy(
-    matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int, hints: list[list[int]]
+    matcher: Matcher, encode: Encode, vocab: _Vocab, max_tokens: int, hints: list[list[int]], deadline: float
 ) -> list[int] | None:
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
@@ -251,7 +264,7 @@ def _greedy(
     stuck: set[Signature] = set()  # loops no character leads out of
     taken: dict[Signature, int] = {}  # where escapes from loops led, how often
     escapes = 0
-    while len(out) <= max_tokens:
+    while len(out) <= max_tokens and (len(out) % 16 or time.perf_counter() < deadline):
         if probe.is_completed():
             return out
         forced = probe.forced_text()
@@ -266,13 +279,14 @@ def _greedy(
             if escaped is not None:
                 out += escaped
                 continue
-        # a rejected token leaves the state as it was: try the priority characters in turn
-        pick = next((t for t in priority if probe.accept_token(t)), None)
+        # a rejected token leaves the state as it was: try the priority characters in turn (and, under
+        # value checks, not into a dead end: "a where the array holds "a" already)
+        pick = next((t for t in priority if probe.accept_token(t) and _alive(probe, bitmask)), None)
         if pick is None:
-            allowed = _allowed_chars(probe, bitmask, chars)
-            if not allowed or not probe.accept_token(chars[min(allowed)]):
+            allowed = [chars[c] for c in sorted(_allowed_chars(probe, bitmask, chars))]
+            pick = next((t for t in allowed if probe.accept_token(t) and _alive(probe, bitmask)), None)
+            if pick is None:
                 return None
-            pick = chars[min(allowed)]
         streak = streak + 1 if out and pick == out[-1] else 1
         out.append(pick)
     return None
@@ -579,26 +593,26 @@ def completion(
     """A short token sequence that completes ``matcher``'s match, at most ``max_tokens`` long; ``[]`` if
     already complete; None if none was found. Does not change ``matcher``.
 
-    A uniform-cost search (fewest tokens first) of at most ``max_nodes`` expansions and
-    ``max_seconds``; where it finds nothing in that time, the greedy closing (``max_nodes=0``: the
-    greedy closing alone, for the budget's checks during generation). The moves out of a state: for
-    forced text, the fewest tokens that spell it and the token sequences that spell it and run past
-    its end; else every allowed token where the grammar allows at most ``fanout``, else every allowed
-    single-character token (inside a free string, every character); and ``hints``, texts worth
-    trying inside free text (None: the constraint's own, see ``_hints``; the greedy closing tries
+    A uniform-cost search (fewest tokens first) of at most ``max_nodes`` expansions and ``max_seconds``;
+    where it finds nothing in that time, the greedy closing, within ``max_seconds`` of its own
+    (``max_nodes=0``: the greedy closing alone, for the budget's checks during generation). The moves
+    out of a state: for forced text, the fewest tokens that spell it and the token sequences that spell
+    it and run past its end; else every allowed token where the grammar allows at most ``fanout``, else
+    every allowed single-character token (inside a free string, every character); and ``hints``, texts
+    worth trying inside free text (None: the constraint's own, see ``_hints``; the greedy closing tries
     them where it loops). States are merged by their signature (forced text and next-token mask) and
-    their text length but for whitespace, so that whitespace and the choice of a value do not
-    multiply the search; where the signature was met before on the way (the next digit of
-    ``[0-9]{3}``, the next item of an array with ``minItems``), the whole length counts too. The
-    signature stands in for the grammar state, which neither engine exposes: where it merges states
-    that differ, the search runs out of states and is run again trusting it less (``_Search``); the
-    tests check the result against the fewest tokens found by brute force.
+    their text length but for whitespace, so that whitespace and the choice of a value do not multiply
+    the search; where the signature was met before on the way (the next digit of ``[0-9]{3}``, the next
+    item of an array with ``minItems``), the whole length counts too. The signature stands in for the
+    grammar state, which neither engine exposes: where it merges states that differ, the search runs out
+    of states and is run again trusting it less (``_Search``); the tests check the result against the
+    fewest tokens found by brute force.
 
     The path is re-tokenized by ``encode`` (a piece of text to ids, no special tokens) where that is
     shorter: the search counts free text character by character, so it looks for paths up to
     :data:`_SLACK` times ``max_tokens`` (plus 16) and keeps one that re-tokenizes to ``max_tokens``.
     """
-    matcher = matcher.fork(lookahead=False)  # the search meets dead ends itself, and backs out of them
+    matcher = matcher.fork(search=True)  # the search meets dead ends of the value checks, and backs out of them
     vocab = _vocab(matcher.compiled.tokenizer)
     spelled = (vocab.cover(text.encode(), 0)[0] for text in (_hints(matcher) if hints is None else hints))
     hinted = [ids for ids in spelled if ids]
@@ -611,7 +625,7 @@ def completion(
         if found or not search.exhausted:
             break
     if not found:  # no search, or cut short: the greedy closing
-        greedy = _greedy(matcher, encode, vocab, limit, hinted)
+        greedy = _greedy(matcher, encode, vocab, limit, hinted, time.perf_counter() + max_seconds)
         found = [greedy] if greedy is not None else []
     best = min((_retokenized(matcher, path, encode) if path else path for path in found), key=len, default=None)
     return best if best is None or len(best) <= max_tokens else None
@@ -641,16 +655,25 @@ class Budget:
     REFRESH_EVERY = 8
     """Far from the end, the closing length is re-estimated every this many tokens."""
 
+    GREEDY_SECONDS = 0.05
+    """Mid-generation, the greedy closing gives up after this long (it can wander where value checks
+    refuse its short values)."""
+
     SEARCH_SECONDS = 0.02
     """When the greedy closing fails mid-generation, :func:`completion` searches this long (then not
     again for :data:`REFRESH_EVERY` tokens, if it found nothing)."""
+
+    CHECKED_SEARCH_SECONDS = 0.1
+    """Likewise under value checks, where the greedy closing fails more often (its short values can be
+    refused), and a failed search refuses the model's token."""
 
     def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int, *, initial: bool = False) -> None:
         """``initial``: ``matcher`` is in its constraint's initial state, so the closing path found
         is kept on the compiled constraint for the next request (``encode`` must be its tokenizer's)."""
         self.matcher = matcher
         self.encode = encode
-        self.forced = 0  # tokens taken from the closing path instead of the sampled one
+        self.forced = 0  # tokens taken from the closing path instead of the sampled one, near the end
+        self.steered = 0  # likewise far from the end: the sampled token left no completion that could be found
         self.hints = _hints(matcher)  # for every completion() of this request
         closings = matcher.compiled.initial_closings
         if initial and max_tokens in closings:
@@ -667,6 +690,7 @@ class Budget:
                 + ("no completion that short was found" if plan is None else f"the shortest found needs {len(plan)}")
             )
         self.estimate = len(plan)  # tokens the closing path needs, as last computed
+        self.every_token = matcher.checks_values  # vet every token, far from the end too (see ``vet``)
         self._steps = 0
         self._search_after = 0  # the step from which a failed greedy closing may be searched for again
         self._next: list[int] | None = plan  # the closing path from the matcher's current state
@@ -678,40 +702,66 @@ class Budget:
 
         Near the end (``remaining <= 2 * closing + NEAR``) every token is checked; before that the
         closing length is re-estimated every :data:`REFRESH_EVERY` tokens only, which misses just a
-        token that by itself adds more than half the remaining budget of required content.
+        token that by itself adds more than half the remaining budget of required content. Under value
+        checks (``matcher.checks_values``) every token is checked from the start: there the grammar is
+        a superset, and one token can lead where no valid value can be finished at all (``{`` where
+        every object would need an infinite chain of required keys); where the greedy closing finds
+        no completion after a token, a short search (:data:`SEARCH_SECONDS`) looks before it is refused.
         """
         self._steps += 1
         plan, self._next = self._next, None  # the closing path from here, if the last step found it
-        far = remaining > 2 * self.estimate + NEAR
+        far = not self.every_token and remaining > 2 * self.estimate + NEAR
         if far and self._steps % self.REFRESH_EVERY:
             return token
         room = 2 * remaining + 64  # past the budget too: if a token broke it, closing is the best effort
         if plan is None:
-            plan = completion(self.matcher, self.encode, max_tokens=room, max_nodes=0, hints=self.hints)
-        if plan is None and self._steps >= self._search_after:  # the greedy closing failed: search a little
-            plan = completion(
-                self.matcher, self.encode, max_tokens=room, max_seconds=self.SEARCH_SECONDS, hints=self.hints
-            )
-            self._search_after = self._steps + (self.REFRESH_EVERY if plan is None else 0)
+            plan = self._closing(self.matcher, room, search=self._steps >= self._search_after)
+            if plan is None:  # the search failed too: not again for a while
+                self._search_after = self._steps + self.REFRESH_EVERY
         if plan is None:  # no closing found from here: nothing to steer by
             return token
         self.estimate = len(plan)
-        if remaining > 2 * len(plan) + NEAR:
+        near = remaining <= 2 * len(plan) + NEAR
+        if not near and not self.every_token:
             return token
         if plan and token == plan[0]:
             self._next = plan[1:]
             return token
         probe = self.matcher.fork()
         if probe.accept_token(token):
-            after = completion(probe, self.encode, max_tokens=remaining - 1, max_nodes=0, hints=self.hints)
+            after = self._reused(probe, plan) or self._closing(probe, remaining - 1, search=self.every_token)
             if after is not None and len(after) <= remaining - 1:
                 self._next = after
                 return token
         if not plan:
             return None
-        self.forced += 1
+        if near:
+            self.forced += 1
+        else:
+            self.steered += 1
         self._next = plan[1:]
         return plan[0]
+
+    @staticmethod
+    def _reused(probe: Matcher, plan: list[int]) -> list[int] | None:
+        """``plan`` (the closing path before the token ``probe`` just took) if it completes ``probe``'s state
+        as well, as it does inside free text; None otherwise. Leaves ``probe`` as it was."""
+        taken = probe.accept_tokens(plan)
+        done = taken == len(plan) and probe.is_completed()
+        probe.rollback(taken)
+        return plan if done else None
+
+    def _closing(self, matcher: Matcher, max_tokens: int, *, search: bool) -> list[int] | None:
+        """A completion of ``matcher``'s state: the greedy closing (at most :data:`GREEDY_SECONDS`), else
+        with ``search`` a search of :data:`SEARCH_SECONDS` (:data:`CHECKED_SEARCH_SECONDS` under value
+        checks); None if neither found one."""
+        plan = completion(
+            matcher, self.encode, max_tokens=max_tokens, max_nodes=0, max_seconds=self.GREEDY_SECONDS, hints=self.hints
+        )
+        if plan is None and search:
+            seconds = self.CHECKED_SEARCH_SECONDS if self.every_token else self.SEARCH_SECONDS
+            plan = completion(matcher, self.encode, max_tokens=max_tokens, max_seconds=seconds, hints=self.hints)
+        return plan
 
 
 class RepetitionGuard:

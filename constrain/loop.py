@@ -188,7 +188,7 @@ class InFlight:
             top_logprobs=self.top_logprobs if asked and self.params.logprobs else None,
             error=self.error,
             closed_early=forced > 0,
-            forced_tokens=forced,
+            forced_tokens=forced + (self.budget.steered if self.budget is not None else 0),
             guard_steps=self.guard.steps if self.guard is not None else 0,
         )
 

@@ -54,7 +54,8 @@ class Matcher:
     (``compiled.value_checks``), a :class:`~constrain.values.ValueState` per accepted token masks out
     and refuses any token that would complete a value that cannot be valid, unless no allowed token is
     left: that step is a *dead end* (``dead_ends``), the mask stays the grammar's and the value is
-    taken as it comes.
+    taken as it comes. A fork made for a search (``fork(search=True)``) does not look ahead, and allows
+    nothing at a dead end: the search backs out of it instead.
     """
 
     def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
@@ -80,7 +81,7 @@ class Matcher:
         )
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) where no allowed token was valid
         self._eos = compiled.tokenizer.eos_token_ids
-        self.lookahead = True  # masks look ahead for dead ends of the value checks (see the class)
+        self.searching = False  # a search's fork: no look-ahead, and nothing allowed at a dead end (see the class)
 
     def fill_next_token_bitmask(
         self,
@@ -109,9 +110,11 @@ class Matcher:
             self._keys[-1].forbid_duplicates(row)
         if self._values is not None:
             budget = [LOOKAHEAD_PROBES]
-            viable = (lambda token: self._viable(token, 2, budget)) if self.lookahead else None
+            viable = None if self.searching else (lambda token: self._viable(token, 2, budget))
             found = self._values[-1].forbid_violations(row, self._eos, viable)
-            if found == DEAD_END:
+            if found == DEAD_END and self.searching:
+                row.zero_()
+            elif found == DEAD_END:
                 if not self.dead_ends or self.dead_ends[-1] != self.num_accepted:
                     self.dead_ends.append(self.num_accepted)
 
@@ -143,7 +146,7 @@ class Matcher:
             if self._keys is not None and (keys := self._keys[-1].advance(token_id)) is None:
                 return False
             if self._values is not None:
-                stuck = bool(self.dead_ends) and self.dead_ends[-1] == self.num_accepted
+                stuck = not self.searching and bool(self.dead_ends) and self.dead_ends[-1] == self.num_accepted
                 if (values := self._values[-1].advance(token_id, strict=not stuck)) is None:
                     return False
                 if token_id in self.compiled.tokenizer.eos_token_ids and not stuck and not values.can_end():
@@ -234,9 +237,19 @@ class Matcher:
             del self._values[1:]
         self.dead_ends.clear()
 
-    def fork(self, *, lookahead: bool | None = None) -> Matcher:
-        """An independent copy of this matcher, in the same state (``lookahead``: whether its masks look
-        ahead for dead ends of the value checks; None: as this one)."""
+    @property
+    def checks_values(self) -> bool:
+        """Whether this matcher checks values beyond its grammar (``compiled.value_checks``)."""
+        return self._values is not None
+
+    def value_digest(self) -> int:
+        """A hash of what the value checks still depend on (0 without checks): states of one grammar
+        state and one digest go on alike, but for the scalar being written (see ``ValueState.digest``)."""
+        return 0 if self._values is None else self._values[-1].digest()
+
+    def fork(self, *, search: bool | None = None) -> Matcher:
+        """An independent copy of this matcher, in the same state (``search``: a fork for a search that
+        backs out of dead ends itself, see the class; None: as this one)."""
         twin = Matcher.__new__(Matcher)
         twin.compiled = self.compiled
         twin._max_rollback = self._max_rollback
@@ -246,7 +259,7 @@ class Matcher:
         twin._values = None if self._values is None else list(self._values)
         twin.dead_ends = list(self.dead_ends)
         twin._eos = self._eos
-        twin.lookahead = self.lookahead if lookahead is None else lookahead
+        twin.searching = self.searching if search is None else search
         return twin
 
 

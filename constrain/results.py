@@ -44,7 +44,7 @@ class GenerationResult:
     top_logprobs: list[dict[int, float]] | None = None  # per token: id -> logprob, when asked
     error: str | None = None  # why finish_reason is "error"
     closed_early: bool = False  # the budget's closing path ended it (finish_reason "length"; still valid)
-    forced_tokens: int = 0  # tokens the closing path took instead of the sampled ones
+    forced_tokens: int = 0  # tokens the budget took instead of the sampled ones (closing, or steering: see Budget)
     guard_steps: int = 0  # steps at which the repetition guard forbade another repeat
 
     @property

@@ -136,6 +136,7 @@ class ValueChecks:
             edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
             stack += subs
         own |= {self._loc(node) for node in map(self._deepest, checked) if isinstance(node, dict)}
+        self._own = frozenset(own)
         needing, frontier = set(own), list(own)
         parents: dict[int, list[int]] = {}
         for parent, children in edges.items():
@@ -255,6 +256,10 @@ class ValueChecks:
     def needs(self, location: Dnf) -> bool:
         """Whether a value at ``location`` must be checked (the grammar alone is not exact there)."""
         return any(index in self._needing for alternative in location for index in alternative)
+
+    def has_own(self, location: Dnf) -> bool:
+        """Whether a subschema at ``location`` holds a keyword beyond the grammar itself (not only below)."""
+        return any(index in self._own for alternative in location for index in alternative)
 
     def grows_checked(self, location: Dnf) -> bool:
         """Whether an open container at ``location`` is checked as it grows."""
@@ -439,6 +444,18 @@ class ValueState:
         except _Violation:
             return False
         return True
+
+    def digest(self) -> int:
+        """A hash of the open containers' contents where a check of the container itself depends on them
+        (a keyword of its own beyond the grammar, or a check as it grows): the closing search tells states
+        apart by it (two arrays at one grammar state, one holding ``"a"`` already). The scalar being
+        written is left out: the search's masks show the values it can no longer complete."""
+        checks = self.checks
+        held = [
+            (frame.items, frame.key) if checks.has_own(frame.location) or checks.grows_checked(frame.location) else None
+            for frame in self.stack
+        ]
+        return hash(json.dumps(held, sort_keys=True, default=repr)) if any(held) else 0
 
     def _location(self, stack: tuple[_Frame, ...]) -> Dnf:
         """The location of the value being written under ``stack`` (not while a key is)."""
