@@ -26,6 +26,7 @@ from constrain.constraints import (
     SEPARATORS,
     Choice,
     Constraint,
+    EmbeddedJson,
     Grammar,
     JsonSchema,
     Regex,
@@ -36,7 +37,7 @@ from constrain.keys import may_repeat_keys
 from constrain.schema import CoverageEntry, prepare
 from constrain.tokenizer import TokenizerInfo, tokenizer_info
 from constrain.validate import schema_validator
-from constrain.values import ValueChecks
+from constrain.values import CallChecks, ValueChecks
 
 __all__ = [
     "AUTO_LIMITS",
@@ -73,7 +74,8 @@ class CompiledConstraint:
     llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
     llg_grammar_bytes: int = 0
     unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.keys)
-    value_checks: ValueChecks | None = None  # keywords beyond the grammar, checked per value (constrain.values)
+    # keywords beyond the grammar, checked per value (constrain.values); CallChecks: a grammar's embedded JSON
+    value_checks: ValueChecks | CallChecks | None = None
     # closing paths from the initial state, per max_tokens (filled by constrain.closing.Budget: every
     # request of this constraint starts there, and the search can take thousands of masks)
     initial_closings: dict[int, list[int] | None] = field(default_factory=dict, repr=False)
@@ -256,7 +258,8 @@ def _build(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, compiler.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):
-            return CompiledConstraint(constraint, info, compiler.compile_grammar(constraint.ebnf))
+            compiled = compiler.compile_grammar(constraint.ebnf)
+            return CompiledConstraint(constraint, info, compiled, value_checks=_embedded_checks(constraint.embedded))
         if isinstance(constraint, Choice):
             return CompiledConstraint(constraint, info, compiler.compile_grammar(choice_ebnf(constraint.options)))
     except RuntimeError as err:
@@ -313,6 +316,18 @@ def _value_checks(
         for e in coverage
     )
     return checks, enforced
+
+
+def _embedded_checks(embedded: EmbeddedJson | None) -> CallChecks | None:
+    """The checks of a grammar's embedded JSON values (tool arguments), or None where every one of their
+    grammars is exact (the others are followed only to see where they end)."""
+    if embedded is None:
+        return None
+    found = {name: _value_checks(schema, _json_schema_grammar(schema)[1])[0] for name, schema in embedded.schemas}
+    if all(checks is None for checks in found.values()):
+        return None
+    plain = ValueChecks({}, schema_validator("{}"), ())
+    return CallChecks(embedded, {name: checks or plain for name, checks in found.items()})
 
 
 def _build_auto(constraint: Constraint, info: TokenizerInfo) -> CompiledConstraint:

@@ -25,6 +25,7 @@ __all__ = [
     "MODES",
     "Choice",
     "Constraint",
+    "EmbeddedJson",
     "Grammar",
     "JsonSchema",
     "Mode",
@@ -101,11 +102,26 @@ class Regex:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddedJson:
+    """JSON values inside a grammar's text, each checked against a schema as it is written: after
+    ``trigger`` has appeared, each ``opener + name + name_end`` starts a value of ``schemas[name]``.
+    Tool calls (:mod:`constrain.tools`) spell their arguments so; the grammar holds each schema as a
+    (possibly looser) rule, and the matcher enforces what the rule cannot (:mod:`constrain.values`)."""
+
+    trigger: str
+    opener: str
+    name_end: str
+    schemas: tuple[tuple[str, JsonSchema], ...]  # (name, the schema its values take)
+
+
+@dataclass(frozen=True, slots=True)
 class Grammar:
-    """An EBNF grammar (xgrammar's dialect, start rule ``root``); ``name`` when loaded from ``grammars/``."""
+    """An EBNF grammar (xgrammar's dialect, start rule ``root``); ``name`` when loaded from ``grammars/``;
+    ``embedded``: JSON values its text holds, checked beyond the grammar (see :class:`EmbeddedJson`)."""
 
     ebnf: str
     name: str | None = None
+    embedded: EmbeddedJson | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import llguidance
 import torch
 
 from constrain.constraints import MAX_WHITESPACE, SEPARATORS, JsonSchema, Regex
-from constrain.schema import CoverageEntry
+from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
 
 __all__ = ["UNKNOWN_FORMATS", "LlgState", "fill_next_token_bitmasks", "grammar_for", "llguidance_schema"]
 
@@ -33,10 +33,6 @@ _WHITESPACE = r"[ \t\n\r]"
 
 UNKNOWN_FORMATS = frozenset({"json-pointer", "relative-json-pointer", "uri-reference", "uri-template"})
 """Formats the prepared schema keeps (xgrammar enforces them) that llguidance 1.x refuses to compile."""
-
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
-_SCHEMAS = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
 
 
 def llguidance_schema(schema: Any) -> tuple[Any, tuple[CoverageEntry, ...]]:
@@ -58,13 +54,13 @@ def llguidance_schema(schema: Any) -> tuple[Any, tuple[CoverageEntry, ...]]:
             for key in ("minProperties", "maxProperties"):
                 if out.pop(key, None) is not None:
                     dropped.setdefault(key, set()).add("beside optional keys")
-        for key in _SCHEMA_MAPS:
+        for key in SCHEMA_MAPS:
             if isinstance(out.get(key), dict):
                 out[key] = {name: walk(sub) for name, sub in out[key].items()}
-        for key in _SCHEMA_LISTS:
+        for key in SCHEMA_LISTS:
             if isinstance(out.get(key), list):
                 out[key] = [walk(sub) for sub in out[key]]
-        for key in _SCHEMAS:
+        for key in SINGLE_SCHEMAS:
             if key in out:
                 out[key] = walk(out[key])
         return out

@@ -21,7 +21,7 @@ import xgrammar as xgr
 from constrain import llg
 from constrain.keys import KeyState
 from constrain.llg import LlgState
-from constrain.values import DEAD_END, VIABLE, ValueState
+from constrain.values import DEAD_END, VIABLE, CallValues, ValueState
 
 if TYPE_CHECKING:
     from constrain.compiler import CompiledConstraint
@@ -76,8 +76,8 @@ class Matcher:
         self._keys: list[KeyState] | None = [KeyState.initial(compiled.tokenizer)] if compiled.unique_keys else None
         # the value scanner likewise (None: the grammar is exact)
         checks = compiled.value_checks
-        self._values: list[ValueState] | None = (
-            None if checks is None else [ValueState.initial(checks, compiled.tokenizer)]
+        self._values: list[ValueState | CallValues] | None = (
+            None if checks is None else [checks.initial_state(compiled.tokenizer)]
         )
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) where no allowed token was valid
         self._eos = compiled.tokenizer.eos_token_ids

@@ -28,7 +28,7 @@ import re
 import secrets
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import pydantic
@@ -37,7 +37,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from xgrammar import structural_tag as st
 
 from constrain.compiler import _json_schema_grammar
-from constrain.constraints import Grammar, JsonSchema, grammar, json_schema
+from constrain.constraints import EmbeddedJson, Grammar, JsonSchema, grammar, json_schema
 from constrain.errors import ConstraintError, ToolError
 from constrain.generate import generate
 from constrain.models import ModelHandle, load_model
@@ -456,7 +456,17 @@ def _grammar(spec: ToolCalling) -> ToolGrammar:
     if spec.choice == "auto":
         root = st.TriggeredTagsFormat(triggers=[fmt.trigger], tags=[calls], stop_after_first=True)
     checked = grammar(str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=root))))
-    return ToolGrammar(checked.ebnf, checked.name, calling=spec)
+    # the schemas as the checks read them (key order and a Python type aside: tools from a dict, a model
+    # and a function that give one grammar share one compiled constraint)
+    arguments = tuple(
+        (
+            t.name,
+            replace(t.constraint, schema=json.dumps(json.loads(t.constraint.schema), sort_keys=True), python_type=None),
+        )
+        for t in spec.callable_tools
+    )
+    embedded = EmbeddedJson(fmt.trigger, CALL_OPEN, NAME_END, arguments)  # the arguments, checked as they complete
+    return ToolGrammar(checked.ebnf, checked.name, embedded, calling=spec)
 
 
 ToolChoice = str | dict[str, Any]

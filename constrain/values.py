@@ -22,6 +22,10 @@ How a completed value is judged:
 - Only where a subschema below holds a keyword the grammar does not enforce (:meth:`ValueChecks.needs`):
   elsewhere the grammar is exact and nothing is scanned.
 
+A grammar's text may also embed JSON values (tool calls' arguments, :class:`~constrain.constraints.EmbeddedJson`):
+:class:`CallValues` follows the text between them only to find where the next one starts, and checks each
+as above against its own schema.
+
 When every token the grammar allows would complete an invalid value (no valid continuation), the
 mask is left as the grammar filled it and the matcher records a *dead end*: the result's violations
 then come from post-validation, and the dead end says why they could not be avoided.
@@ -39,11 +43,12 @@ import numpy as np
 import regex
 import torch
 
+from constrain.constraints import EmbeddedJson
 from constrain.keys import clear_bits
 from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry, resolve_local
 from constrain.tokenizer import TokenizerInfo
 
-__all__ = ["DEAD_END", "HEADED_FOR_DEAD_END", "VIABLE", "ValueChecks", "ValueState"]
+__all__ = ["DEAD_END", "HEADED_FOR_DEAD_END", "VIABLE", "CallChecks", "CallValues", "ValueChecks", "ValueState"]
 
 Dnf = frozenset[frozenset[int]]
 """A location: alternatives (any may hold), each a set of subschemas (all must hold), by index."""
@@ -104,6 +109,10 @@ class ValueChecks:
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
         self._verdicts: dict[tuple[Dnf, bool, str], bool] = {}
+
+    def initial_state(self, info: TokenizerInfo) -> ValueState:
+        """The state before any output, for a tokenizer."""
+        return ValueState(self, _vocab(info))
 
     # -- the schema graph -------------------------------------------------------------------
     def _loc(self, node: dict[str, Any]) -> int:
@@ -418,10 +427,6 @@ class ValueState:
     text: bytes = b""  # the string, key or scalar being written, as written
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def initial(cls, checks: ValueChecks, info: TokenizerInfo) -> ValueState:
-        return cls(checks, _vocab(info))
-
     # -- advancing --------------------------------------------------------------------------
     def advance(self, token_id: int, *, strict: bool = True) -> ValueState | None:
         """The state after ``token_id``; None when it would complete a value that cannot be valid
@@ -640,6 +645,91 @@ class ValueState:
             for token in np.flatnonzero(bits).tolist()
             if token < len(texts) and token not in banned and texts[token] and not viable(token)
         ]
+
+
+class CallChecks:
+    """The checks of a text that embeds JSON values (:class:`~constrain.constraints.EmbeddedJson`, the
+    arguments of tool calls): per name, the :class:`ValueChecks` of its schema. Shared like them."""
+
+    def __init__(self, embedded: EmbeddedJson, checks: dict[str, ValueChecks]) -> None:
+        self.trigger = embedded.trigger.encode()
+        opener, name_end = regex.escape(embedded.opener.encode()), regex.escape(embedded.name_end.encode())
+        self.opener = regex.compile(opener + rb'([^"\\]{1,64})' + name_end)  # group 1: the name
+        self.checks = checks
+        self.keep = max(len(self.trigger), len(embedded.opener) + 64 + len(embedded.name_end))
+
+    def initial_state(self, info: TokenizerInfo) -> CallValues:
+        """The state before any output, for a tokenizer."""
+        return CallValues(self, _vocab(info))
+
+
+@dataclass(frozen=True, slots=True)
+class CallValues:
+    """A text with embedded JSON values: the text around them is followed only to find where the next
+    value starts (``CallChecks.opener``, once ``trigger`` has appeared); inside one, a
+    :class:`ValueState` of its name's checks is ``inner``, and every call goes to it. Immutable."""
+
+    calls: CallChecks
+    vocab: _Vocab
+    started: bool = False  # the trigger has appeared
+    tail: bytes = b""  # the end of the text since the last value (the trigger or an opener may span tokens)
+    inner: ValueState | None = None  # the value being written
+
+    def advance(self, token_id: int, *, strict: bool = True) -> CallValues | None:
+        """As :meth:`ValueState.advance`."""
+        return self.advance_bytes(self.vocab.texts[token_id], strict=strict)
+
+    def advance_bytes(self, data: bytes, *, strict: bool = True) -> CallValues | None:
+        """As :meth:`ValueState.advance_bytes`."""
+        calls, started, tail, inner = self.calls, self.started, self.tail, self.inner
+        at = 0
+        while at < len(data):
+            if inner is None:  # between values: look for the next one's opener
+                text = tail + data[at:]
+                start = 0
+                if not started:
+                    start = text.find(calls.trigger)
+                    started = start >= 0
+                found = calls.opener.search(text, start) if started else None
+                if found is None:
+                    tail, at = text[-calls.keep :], len(data)
+                    continue
+                at += found.end() - len(tail)
+                tail = b""
+                checks = calls.checks.get(found.group(1).decode("utf-8", "replace"))
+                if checks is None:  # a name the grammar would not have allowed
+                    return None
+                inner = ValueState(checks, self.vocab)
+                continue
+            for end in range(at + 1, len(data) + 1):  # inside one: byte by byte, to see where it ends
+                try:
+                    inner = inner._scan(data[end - 1 : end], strict)
+                except _Violation:
+                    return None
+                if inner.mode == _AFTER and not inner.stack:
+                    break
+            at = end
+            if inner.mode == _AFTER and not inner.stack:
+                inner = None
+        return CallValues(calls, self.vocab, started, tail, inner)
+
+    def can_end(self) -> bool:
+        """Whether the output may end here: not inside a value."""
+        return self.inner is None
+
+    def digest(self) -> int:
+        """As :meth:`ValueState.digest`, for the value being written."""
+        return 0 if self.inner is None else hash((id(self.inner.checks), self.inner.digest()))
+
+    def forbid_violations(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row; updated in place
+        row: torch.Tensor,
+        eos_token_ids: Iterable[int],
+        viable: Callable[[int], bool] | None = None,
+    ) -> int:
+        """As :meth:`ValueState.forbid_violations`, inside a value; between values nothing is checked."""
+        return VIABLE if self.inner is None else self.inner.forbid_violations(row, eos_token_ids, viable)
 
 
 def _parse(text: bytes) -> Any:

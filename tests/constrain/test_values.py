@@ -285,3 +285,61 @@ def test_the_budget_steers_away_from_values_that_cannot_finish(tiny, close_in_bu
         assert result.forced_tokens >= 1 and not result.closed_early  # steered at the start, not closed at the end
     else:
         assert not result.valid and result.text.startswith("{"), result.text
+
+
+TAGS = {"type": "function", "function": {"name": "tag", "parameters": {
+    "type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True,
+                                              "minItems": 2, "maxItems": 3}},
+    "required": ["tags"]}}}  # fmt: skip
+PLAIN = {"type": "function", "function": {"name": "plain", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2", "json_list"])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tool_arguments_are_checked(smol_tokenizer, fmt, choice):
+    """Each call's arguments are checked against their tool's schema, in every call of a reply; text
+    before the calls that merely looks like one is not."""
+    from constrain.tools import tool_calling
+
+    spec = tool_calling([TAGS, PLAIN], tool_choice=choice, format=fmt)
+    compiled = compiler.compile(spec.constraint(), smol_tokenizer)
+    assert compiled.value_checks is not None
+    f, lead = spec.format, "Sure. " if choice == "auto" else ""
+    good = [("tag", '{"tags": ["a", "b"]}'), ("plain", '{"n": 1}'), ("tag", '{"tags": ["c", "b", "a"]}')]
+    assert accepts(compiled, smol_tokenizer, lead + f.render(good))
+    for bad in ('{"tags": ["a", "a"]}', '{"tags": ["b", "c", "b"]}'):
+        assert not accepts(compiled, smol_tokenizer, lead + f.render([("tag", bad)]))
+        assert not accepts(compiled, smol_tokenizer, lead + f.render([("plain", '{"n": 2}'), ("tag", bad)]))
+    if choice == "auto" and fmt != "json_list":
+        look_alike = 'I could send {"name": "tag", "arguments": {"tags": ["a", "a"]}} as text.'
+        assert accepts(compiled, smol_tokenizer, look_alike)
+
+
+def test_exact_tool_grammars_run_no_checks(smol_tokenizer):
+    from constrain.tools import tool_calling
+
+    assert compiler.compile(tool_calling([PLAIN]).constraint(), smol_tokenizer).value_checks is None
+
+
+def test_sampled_tool_calls_keep_their_arguments_valid(tiny, monkeypatch):
+    """A random model calling a tool with a unique-items argument: every call valid with the checks;
+    the grammar alone repeats items."""
+
+    def run():
+        return [
+            constrain.chat(tiny, [{"role": "user", "content": "x"}], tools=[TAGS], tool_choice="required",
+                           temperature=1.0, seed=seed, max_tokens=60)
+            for seed in range(10)
+        ]  # fmt: skip
+
+    checked = run()
+    assert all(r.tool_calls and r.valid for r in checked), [(r.generation.text, r.violations) for r in checked]
+    monkeypatch.setattr(compiler, "_embedded_checks", lambda embedded: None)
+    compiler._cache.clear()
+    try:
+        unchecked = run()
+    finally:
+        monkeypatch.undo()
+        compiler._cache.clear()  # no grammar compiled without its checks stays for the next test
+    assert any(not r.valid for r in unchecked), [r.generation.text for r in unchecked]
