@@ -24,7 +24,10 @@ seconds, first violation) to ``--report``.
 
 Usage: ``python bench/coverage.py [--sample 100] [--seed 0] [--max-tokens 512] [--timeout 300] [--threads 1]
 [--systems constrain,xgrammar,llguidance] [--report bench/results/coverage.json]`` (``--threads 1`` when other
-work shares the cores: torch's threads then wait on each other, ~25x slower here).
+work shares the cores: torch's threads then wait on each other, ~25x slower here). ``--tables-from A.json
+B.json`` prints the table of saved reports, merged by schema (a system rerun on the same sample replaces
+its earlier results; only schemas with a result for every system count). Greedy decoding makes the
+statuses repeatable; seconds are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -279,6 +282,18 @@ def table(results: dict[str, list[Outcome]]) -> list[str]:
     return lines
 
 
+def merged(reports: list[Path]) -> dict[str, list[Outcome]]:
+    """The outcomes in saved reports, by system, over the schemas every system has a result for (a later
+    report's system replaces an earlier one's: rerun one system on the same sample and merge)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in reports:
+        for row in json.loads(path.read_text()):
+            rows.setdefault(row["name"], {}).update(row)
+    names = sorted({key for row in rows.values() for key in row if key in SYSTEMS}, key=SYSTEMS.index)
+    complete = [row for row in rows.values() if all(name in row for name in names)]
+    return {name: [Outcome(**row[name]) for row in complete] for name in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sample", type=int, default=100, help="a random sample of N schemas (0: all)")
@@ -288,7 +303,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per schema and system (0: none)")
     parser.add_argument("--report", type=Path, default=REPORT, help="per-schema results (JSON), rewritten as it goes")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
+    parser.add_argument("--tables-from", type=Path, nargs="+", default=None, help="print the table of saved reports")
     args = parser.parse_args()
+    if args.tables_from:
+        results = merged(args.tables_from)
+        count = len(next(iter(results.values()), []))
+        print(f"{count} schemas with a result for every system in {len(args.tables_from)} report(s)")
+        print("\n" + "\n".join(table(results)))
+        return
     entries = load(args.sample, args.seed)
     import torch
     from tqdm import tqdm

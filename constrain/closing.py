@@ -241,15 +241,18 @@ def _escape(
     return [int(best[1])]
 
 
-def _alive(probe: Matcher, bitmask: torch.Tensor) -> bool:
-    """Whether ``probe`` (a search fork) can go on, else rolled back by one token: under value checks a
-    dead end allows nothing (``fork(search=True)``); without them every state can go on."""
-    if not probe.checks_values or probe.is_completed():
-        return True
-    probe.fill_next_token_bitmask(bitmask)
-    if bool(bitmask.any()):
-        return True
-    probe.rollback(1)
+def _advance(probe: Matcher, ids: list[int], bitmask: torch.Tensor) -> bool:
+    """Accept ``ids`` on ``probe`` (a search fork) if it can go on after them, else leave it as it was:
+    under value checks a dead end allows nothing (``fork(search=True)``); without them every state can
+    go on."""
+    taken = probe.accept_tokens(ids)
+    if taken == len(ids):
+        if not probe.checks_values or probe.is_completed():
+            return True
+        probe.fill_next_token_bitmask(bitmask)
+        if bool(bitmask.any()):
+            return True
+    probe.rollback(taken)
     return False
 
 
@@ -279,16 +282,18 @@ def _greedy(
             if escaped is not None:
                 out += escaped
                 continue
-        # a rejected token leaves the state as it was: try the priority characters in turn (and, under
-        # value checks, not into a dead end: "a where the array holds "a" already)
-        pick = next((t for t in priority if probe.accept_token(t) and _alive(probe, bitmask)), None)
+        # try the priority characters in turn, not into a dead end of the value checks ("a where the
+        # array holds "a" already); where a string cannot close yet, the constraint's own examples before
+        # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
+        moves = [[t] for t in priority[:1]] + hints + [[t] for t in priority[1:]]
+        pick = next((ids for ids in moves if _advance(probe, ids, bitmask)), None)
         if pick is None:
-            allowed = [chars[c] for c in sorted(_allowed_chars(probe, bitmask, chars))]
-            pick = next((t for t in allowed if probe.accept_token(t) and _alive(probe, bitmask)), None)
+            allowed = [[chars[c]] for c in sorted(_allowed_chars(probe, bitmask, chars))]
+            pick = next((ids for ids in allowed if _advance(probe, ids, bitmask)), None)
             if pick is None:
                 return None
-        streak = streak + 1 if out and pick == out[-1] else 1
-        out.append(pick)
+        streak = streak + 1 if out and pick == out[-1:] else 1
+        out += pick
     return None
 
 

@@ -38,9 +38,12 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
 
 
-FORMATS = jsonschema.FormatChecker()
-"""Every format jsonschema can check, whatever the schema's draft: ``format`` is an assertion here
-(a draft-04 schema saying ``"format": "date"`` means a date too)."""
+FORMATS = jsonschema.FormatChecker(formats=())
+FORMATS.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+"""Every format jsonschema checks in draft 2020-12, whatever the schema's draft: ``format`` is an
+assertion here (a draft-04 schema saying ``"format": "date"`` means a date too). Not a bare
+``FormatChecker()``: that one mixes the drafts, and its ``time`` is draft 3's (``12:00:00``, no
+offset), which refuses the RFC 3339 times (``12:00:00Z``) the grammars' regexes require."""
 
 
 @FORMATS.checks("iri", raises=ValueError)

@@ -108,7 +108,7 @@ class ValueChecks:
         checked = {e.pointer for e in coverage if e.status in ("checked", "approximated")}
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
-        self._verdicts: dict[tuple[Dnf, bool, str], bool] = {}
+        self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
 
     def initial_state(self, info: TokenizerInfo) -> ValueState:
         """The state before any output, for a tokenizer."""
@@ -278,7 +278,8 @@ class ValueChecks:
         """Whether ``value`` may stand at ``location`` (every subschema of some alternative holds); with
         ``prefix``, whether the open container ``value`` (its completed items or members) may still grow
         into one. Memoized per value."""
-        key = (location, prefix, json.dumps(value, sort_keys=True))
+        scalar = value is None or isinstance(value, (str, int, float))
+        key = (location, prefix, (type(value), value) if scalar else json.dumps(value, sort_keys=True))
         verdict = self._verdicts.get(key)
         if verdict is None:
             valid = self._prefix_valid if prefix else self._valid
@@ -732,9 +733,10 @@ class CallValues:
         return VIABLE if self.inner is None else self.inner.forbid_violations(row, eos_token_ids, viable)
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse(text: bytes) -> Any:
     """The JSON value of a completed string, key or scalar (None if it is not one: not reached on text
-    the grammar allowed)."""
+    the grammar allowed). Memoized: a mask completes one value with each of its candidate tokens."""
     try:
         return json.loads(text.decode("utf-8", "replace"))
     except ValueError:
