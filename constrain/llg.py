@@ -80,7 +80,9 @@ def grammar_for(constraint: JsonSchema | Regex, engine_schema: Any = None) -> st
     """llguidance's grammar for a JSON Schema (already prepared: ``engine_schema``) or a regex."""
     if isinstance(constraint, Regex):
         return str(llguidance.LLMatcher.grammar_from_regex(constraint.pattern))
-    options: dict[str, Any] = {"item_separator": ",", "key_separator": ":", "json_allow_general_unicode_escapes": True}
+    options: dict[str, Any] = {"item_separator": ",", "key_separator": ":"}
+    if _knows_general_escapes():
+        options["json_allow_general_unicode_escapes"] = True
     if constraint.whitespace in SEPARATORS:
         options["item_separator"], options["key_separator"] = SEPARATORS[constraint.whitespace]
         options["whitespace_flexible"] = False
@@ -88,6 +90,15 @@ def grammar_for(constraint: JsonSchema | Regex, engine_schema: Any = None) -> st
         options["whitespace_flexible"] = True
         options["whitespace_pattern"] = f"{_WHITESPACE}{{0,{MAX_WHITESPACE[constraint.whitespace]}}}"
     return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(engine_schema), overrides=options))  # type: ignore[arg-type]
+
+
+@functools.cache
+def _knows_general_escapes() -> bool:
+    """Whether this llguidance takes ``json_allow_general_unicode_escapes`` (1.8 on; vLLM 0.32 pins 1.7,
+    whose JSON strings then refuse ``\\u`` escapes of surrogates, a safe subset)."""
+    option = {"json_allow_general_unicode_escapes": True}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema("{}", overrides=option)  # type: ignore[arg-type]
+    return not llguidance.LLMatcher.validate_grammar(grammar)  # "" when valid, else why not
 
 
 class LlgState:

@@ -1,0 +1,224 @@
+"""One request guided from outside constrain's decode loop: another engine samples, constrain masks.
+
+A serving engine (vLLM) or transformers' ``generate`` owns the model, the batch and the sampler; the
+integrations give it, per request, a :class:`Guide` that follows the tokens it took and fills the
+request's row of the token bitmask. The guide keeps what constrain's own loop guarantees that a mask
+can give:
+
+- the constraint, EOS only where the grammar can end (the :class:`~constrain.matcher.Matcher`, value
+  checks included);
+- termination within ``max_tokens``: the closing path (:func:`constrain.closing.completion`) is
+  re-estimated each step; once the tokens left come down to its length plus :data:`SLACK`, the mask
+  allows only its next token. Unlike the loop's :class:`~constrain.closing.Budget`, which vets the
+  sampled token, a mask cannot see it: a single token that lengthens the closing path by more than
+  ``SLACK`` tokens near the end can still run the output past ``max_tokens``;
+- the repetition guard (:class:`~constrain.closing.RepetitionGuard`) for JSON and tool constraints.
+
+Per-request arguments arrive as a mapping, or its JSON text (:func:`guide_spec`), so that a server's
+string-valued extra arguments can carry a schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from constrain.closing import NEAR, Budget, RepetitionGuard, completion
+from constrain.compiler import compile
+from constrain.constraints import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
+from constrain.matcher import Matcher
+from constrain.tools import tool_calling
+
+__all__ = ["CONSTRAINT_KEYS", "SLACK", "Guide", "GuideSpec", "allow_only", "guide_spec"]
+
+CONSTRAINT_KEYS = ("json_schema", "regex", "grammar", "choices", "tools")
+"""The keys that name a request's constraint: exactly one per request."""
+
+_OPTIONS = {
+    "mode", "whitespace", "tool_choice", "parallel_tool_calls", "tool_format", "close_in_budget", "repetition_guard"
+}  # fmt: skip
+
+SLACK = 16
+"""The closing path is forced once the tokens left are at most its length plus this."""
+
+_GUARD_TOKENS = 512
+"""The repetition guard reads the text of at most this many last tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuideSpec:
+    """What one request asks for: its constraint, and whether to keep it finishable within ``max_tokens``
+    (``close_in_budget``, default True) and to stop repeated JSON items (``repetition_guard``, default True)."""
+
+    constraint: Constraint
+    close_in_budget: bool = True
+    repetition_guard: bool = True
+
+
+def guide_spec(args: Mapping[str, Any] | str) -> GuideSpec:
+    """A request's :class:`GuideSpec` from its arguments: a mapping, or its JSON text.
+
+    Exactly one of ``json_schema`` (a schema, or its JSON text), ``regex``, ``grammar`` (EBNF or a
+    shipped grammar's name), ``choices`` (a list of strings) or ``tools`` (OpenAI tool definitions, or
+    their JSON text; with ``tool_choice``, default "required", ``parallel_tool_calls``, default True,
+    ``tool_format``, default "hermes"); options ``mode`` and ``whitespace`` (JSON schemas, as
+    :func:`constrain.json_schema`), ``close_in_budget`` and ``repetition_guard`` (booleans, or 0/1).
+
+    Raises
+    ------
+    ValueError
+        Arguments that are not a mapping, unknown keys, none or several constraints, a bad option.
+    ConstraintError
+        A bad schema, regex, grammar, choice list or tool (also a ``ValueError``, except
+        :class:`~constrain.errors.UnsupportedSchemaError`), naming the culprit.
+    """
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError as err:
+            raise ValueError(f"constrain's request arguments are not valid JSON: {err}") from None
+    if not isinstance(args, Mapping):
+        raise ValueError(f"constrain's request arguments are a mapping (or its JSON text), got {type(args).__name__}")
+    unknown = sorted(set(args) - set(CONSTRAINT_KEYS) - _OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown constrain argument(s) {unknown}; known: {sorted((*CONSTRAINT_KEYS, *_OPTIONS))}")
+    given = [key for key in CONSTRAINT_KEYS if key in args]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of {', '.join(CONSTRAINT_KEYS)}; got {given or 'none'}")
+    key, value = given[0], args[given[0]]
+    flags = {name: _flag(args, name) for name in ("close_in_budget", "repetition_guard")}
+    return GuideSpec(_constraint(key, value, args), **flags)
+
+
+def _flag(args: Mapping[str, Any], name: str) -> bool:
+    value = args.get(name, True)
+    if value not in (True, False, 0, 1):  # JSON booleans, or 0/1 where only numbers travel
+        raise ValueError(f"{name} must be true or false (or 1 or 0), got {value!r}")
+    return bool(value)
+
+
+def _constraint(key: str, value: Any, args: Mapping[str, Any]) -> Constraint:
+    if key == "json_schema":
+        options = {name: args[name] for name in ("mode", "whitespace") if name in args}
+        return json_schema(value, **options)
+    if key == "regex":
+        if not isinstance(value, str):
+            raise ValueError(f"regex must be a string, got {type(value).__name__}")
+        return regex(value)
+    if key == "grammar":
+        if not isinstance(value, str):
+            raise ValueError(f"grammar must be EBNF text or a shipped grammar's name, got {type(value).__name__}")
+        return grammar(value)
+    if key == "choices":
+        return choice(value)
+    tools = json.loads(value) if isinstance(value, str) else value
+    parallel = args.get("parallel_tool_calls", True)
+    if parallel not in (True, False, 0, 1):
+        raise ValueError(f"parallel_tool_calls must be true or false (or 1 or 0), got {parallel!r}")
+    spec = tool_calling(
+        tools, tool_choice=args.get("tool_choice", "required"), parallel_tool_calls=bool(parallel),
+        format=args.get("tool_format", "hermes"),
+    )  # fmt: skip
+    constraint = spec.constraint()
+    if constraint is None:
+        raise ValueError('tool_choice "none" asks for no constraint: send the request without constrain arguments')
+    return constraint
+
+
+class Guide:
+    """One request's masks, for an engine that samples elsewhere (see the module docstring).
+
+    ``tokenizer``: the model's Hugging Face tokenizer; ``vocab_size``: the logits' width (a padded
+    vocabulary included); ``eos_token_ids``: the ids that end this request; ``max_tokens``: its output
+    budget. Compiling is cached and shared (:func:`constrain.compile`); raises what it raises
+    (:class:`~constrain.errors.ConstraintError`). Not thread-safe: one request, one thread.
+    """
+
+    def __init__(
+        self, spec: GuideSpec, tokenizer: Any, *, vocab_size: int, eos_token_ids: Sequence[int], max_tokens: int
+    ) -> None:
+        compiled = compile(spec.constraint, tokenizer, vocab_size=vocab_size, eos_token_ids=list(eos_token_ids))
+        self.matcher: Matcher = compiled.matcher()
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.close_in_budget = spec.close_in_budget
+        constraint = spec.constraint
+        json_text = isinstance(constraint, JsonSchema) or (isinstance(constraint, Grammar) and constraint.embedded)
+        guarded = spec.repetition_guard and bool(json_text)  # JSON, or tool calls
+        self.guard = RepetitionGuard(compiled.tokenizer) if guarded else None
+        self.eos = tuple(eos_token_ids)
+        self.taken: list[int] = []  # the output tokens the matcher has accepted
+        self.failed = False  # a token the matcher refused was taken: only EOS is allowed from then on
+        self._plan: list[int] | None = None  # the closing path from the matcher's state, when known
+        self._estimate = 0  # the closing path's length when last found
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        """Follow the engine's output so far (the whole of it, prompt excluded): accept the tokens not seen
+        yet. Where it is not an extension of what was seen (a beam reordered), start again from the top."""
+        seen = len(self.taken)
+        if len(output_ids) < seen or list(output_ids[:seen]) != self.taken:
+            self.matcher.reset()
+            self.taken, self.failed, self._plan, seen = [], False, None, 0
+        for token in map(int, output_ids[seen:]):
+            if token < 0:  # a placeholder for a token still being sampled (vLLM's async scheduling)
+                break
+            if self.failed or self.matcher.is_terminated():
+                self.taken.append(token)
+                continue
+            if not self.matcher.accept_token(token):
+                self.failed = True
+            self._plan = self._plan[1:] if self._plan and self._plan[0] == token else None
+            self.taken.append(token)
+
+    def restrict(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: this request's row, filled by the matcher; updated in place
+        row: torch.Tensor,
+    ) -> None:
+        """Narrow the filled row: only EOS after a refused token; the closing path's next token near the
+        end of the budget; no separator that repeats a JSON item again (the guard)."""
+        if self.failed or self.matcher.is_terminated():
+            allow_only(row, self.eos)
+            return
+        if self.close_in_budget:
+            remaining = self.max_tokens - len(self.taken)
+            plan = self._closing(remaining)
+            if plan is not None and remaining <= len(plan) + SLACK:
+                allow_only(row, plan[:1] or self.eos)
+                return
+        if self.guard is not None:
+            text = self.tokenizer.decode(self.taken[-_GUARD_TOKENS:], skip_special_tokens=True)
+            self.guard.apply(text, row)
+
+    def _closing(self, remaining: int) -> list[int] | None:
+        """The closing path from here: kept while the output follows it; else found again near the end
+        (``remaining`` at most twice the last length plus ``NEAR``) and every ``REFRESH_EVERY`` tokens
+        before (the greedy closing, then a 20 ms search); None when not looked for, or not found."""
+        near = remaining <= 2 * self._estimate + NEAR
+        if self._plan is None and (near or len(self.taken) % Budget.REFRESH_EVERY == 0):
+            room = 2 * remaining + 64
+            self._plan = completion(self.matcher, self._encode, max_tokens=room, max_nodes=0)
+            if self._plan is None:
+                self._plan = completion(self.matcher, self._encode, max_tokens=room, max_seconds=Budget.SEARCH_SECONDS)
+            if self._plan is not None:
+                self._estimate = len(self._plan)
+        return self._plan
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def allow_only(
+    # [ceil(V / 32)] int32 on the CPU: a mask row; overwritten
+    row: torch.Tensor,
+    tokens: Sequence[int],
+) -> None:
+    """Allow exactly ``tokens`` in ``row``."""
+    row.zero_()
+    words = row.numpy()  # a view: writes go to ``row``
+    for token in tokens:
+        words[token >> 5] |= (1 << (token & 31)) - (1 << 32 if token & 31 == 31 else 0)
