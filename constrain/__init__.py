@@ -29,6 +29,7 @@ from constrain.errors import (
     ToolError,
     UnsupportedSchemaError,
 )
+from constrain.export import export_model
 from constrain.generate import Request, agenerate, astream, generate, stream
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
@@ -101,6 +102,7 @@ __all__ = [
     "chat",
     "choice",
     "compile",
+    "export_model",
     "fill_next_token_bitmasks",
     "generate",
     "grammar",

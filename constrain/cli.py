@@ -1,5 +1,6 @@
-"""The ``constrain`` command line: ``constrain generate "prompt" --schema person.json``, and
-``constrain serve`` (an OpenAI-compatible server)."""
+"""The ``constrain`` command line: ``constrain generate "prompt" --schema person.json``,
+``constrain serve`` (an OpenAI-compatible server) and ``constrain export FOLDER`` (a Hugging Face
+model folder for other engines)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together")
+    export = commands.add_parser("export", help="write the model as a Hugging Face folder (for vLLM, transformers)")
+    export.add_argument("folder", type=Path, help="an empty or new folder, or a previous export with --overwrite")
+    export.add_argument(
+        "--model", default=None, help="packaged model name, .gguf file or model folder (default SmolLM2)"
+    )
+    export.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="the weights' dtype on disk (default: float32)")  # fmt: skip
+    export.add_argument("--overwrite", action="store_true", help="replace a previous export in FOLDER")
     return parser
 
 
@@ -53,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "export":
+        return _export(args)
     from constrain.errors import ConstraintError
     from constrain.generate import stream
     from constrain.models import ModelNotFoundError
@@ -108,6 +119,24 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"constrain: error: {err}", file=sys.stderr)
         return 2
     serve(handle, host=args.host, port=args.port, max_batch=args.max_batch)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from constrain.export import export_model
+    from constrain.models import ModelNotFoundError
+
+    try:
+        with Console(stderr=True).status("exporting the model..."):
+            folder = export_model(args.model, args.folder, dtype=args.dtype, overwrite=args.overwrite)
+    except (ValueError, ModelNotFoundError, OSError) as err:
+        print(f"constrain: error: {err}", file=sys.stderr)
+        return 2
+    print(folder)
+    for path in sorted(folder.iterdir()):
+        print(f"  {path.name:<24} {path.stat().st_size:>13,} bytes")
     return 0
 
 

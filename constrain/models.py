@@ -24,6 +24,7 @@ __all__ = [
     "ModelHandle",
     "ModelNotFoundError",
     "cache_dir",
+    "end_token_ids",
     "gguf_path",
     "load_model",
     "load_tokenizer",
@@ -133,7 +134,9 @@ class ModelHandle:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+def end_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a generation: the model's generation config's EOS (``model`` may be None), the
+    tokenizer's, and the end-of-turn tokens it has (:data:`END_OF_TURN_TOKENS`)."""
     ids: list[int] = []
     generation = getattr(model, "generation_config", None)
     configured = getattr(generation, "eos_token_id", None) if generation is not None else None
@@ -240,4 +243,4 @@ def load_model(name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "
             model = _convert_gguf(gguf, folder).to(dtype)
         name = str(name_or_path or DEFAULT_MODEL)
     model = model.to(device).eval()
-    return ModelHandle(model, tokenizer, name, _eos_ids(model, tokenizer))
+    return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))

@@ -174,14 +174,21 @@ class Guide:
             self._plan = self._plan[1:] if self._plan and self._plan[0] == token else None
             self.taken.append(token)
 
+    @property
+    def live(self) -> bool:
+        """Whether the matcher fills this request's mask: no EOS taken, no token refused (else
+        :meth:`restrict` alone writes it: EOS only)."""
+        return not self.failed and not self.matcher.is_terminated()
+
     def restrict(
         self,
         # [ceil(V / 32)] int32 on the CPU: this request's row, filled by the matcher; updated in place
         row: torch.Tensor,
     ) -> None:
-        """Narrow the filled row: only EOS after a refused token; the closing path's next token near the
-        end of the budget; no separator that repeats a JSON item again (the guard)."""
-        if self.failed or self.matcher.is_terminated():
+        """Narrow the filled row (unfilled where the guide is not :attr:`live`): only EOS after a refused
+        token or EOS; the closing path's next token near the end of the budget; no separator that repeats
+        a JSON item again (the guard)."""
+        if not self.live:
             allow_only(row, self.eos)
             return
         if self.close_in_budget:

@@ -118,7 +118,8 @@ class ConstrainLogitsProcessor(LogitsProcessor):  # type: ignore[misc]
         guided = [(at, row.guide) for at, row in enumerate(rows) if row.guide is not None]
         for at, guide in guided:
             guide.advance(rows[at].output_ids)
-        fill_next_token_bitmasks([g.matcher for _, g in guided], bitmask, [at for at, _ in guided])
+        live = [(at, guide) for at, guide in guided if guide.live]
+        fill_next_token_bitmasks([g.matcher for _, g in live], bitmask, [at for at, _ in live])
         for at, guide in guided:
             guide.restrict(bitmask[at])
         for at, row in enumerate(rows):
