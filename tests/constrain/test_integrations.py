@@ -75,6 +75,21 @@ def test_the_guide_forces_the_closing_path_near_the_end(smol_tokenizer):
     assert smol_tokenizer.decode([only]).startswith('"')  # closing the name
 
 
+def test_near_the_end_a_token_with_no_closing_after_it_is_refused(smol_tokenizer):
+    """A complete reply with parallel calls allowed: another call does not fit in the 20 tokens left, so
+    only EOS remains (the mask vets the few allowed tokens); with room for it, the call stays allowed."""
+    vocab = len(smol_tokenizer)
+    spec = guide_spec({"tools": [TOOL], "tool_choice": "required"})
+    reply = smol_tokenizer.encode('<tool_call>\n{"name": "add", "arguments": {"name": "A", "age": 1}}\n</tool_call>',
+                                  add_special_tokens=False)  # fmt: skip
+    tight = Guide(spec, smol_tokenizer, vocab_size=vocab, eos_token_ids=[2], max_tokens=len(reply) + 20)
+    tight.advance(reply)
+    assert _mask(tight, vocab) == {2}
+    roomy = Guide(spec, smol_tokenizer, vocab_size=vocab, eos_token_ids=[2], max_tokens=len(reply) + 200)
+    roomy.advance(reply)
+    assert len(_mask(roomy, vocab)) > 1
+
+
 def test_a_refused_token_leaves_only_eos(smol_tokenizer):
     vocab = len(smol_tokenizer)
     guide = Guide(guide_spec({"regex": r"\d+"}), smol_tokenizer, vocab_size=vocab, eos_token_ids=[2], max_tokens=50)
