@@ -124,6 +124,14 @@ def test_a_bad_constraint_is_refused_and_the_engine_goes_on(llm: LLM) -> None:
     jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
 
 
+def test_the_offline_example_runs(folder: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "vllm" / "offline.py"
+    result = subprocess.run([sys.executable, str(example), str(folder)], capture_output=True, text=True,
+                            timeout=600, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"person: name='[^']*' age=\d+", result.stdout), result.stdout
+
+
 # -- served -----------------------------------------------------------------------------------------------
 
 
