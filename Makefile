@@ -40,7 +40,7 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 # vLLM and the torch it pins warn on import: warnings are not errors here (they are in `make test`)
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
-		$(VLLM_VENV)/bin/python -m pytest -q -o filterwarnings=default tests/vllm
+		$(VLLM_VENV)/bin/python -m pytest -q -o filterwarnings=default tests/with_vllm
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check sampler constrain grammars tests bench examples

@@ -1,5 +1,5 @@
 """constrain inside other engines: the per-request guide and the transformers logits processor (the vLLM
-processor is tested against vLLM itself: tests/vllm, ``make test-vllm``)."""
+processor is tested against vLLM itself: tests/with_vllm, ``make test-vllm``)."""
 
 from __future__ import annotations
 
