@@ -216,7 +216,7 @@ class Guide:
         remaining: int,
     ) -> None:
         """Near the end, where at most :data:`VET_TOKENS` tokens are allowed, clear those after which no
-        closing fits in the tokens left (a ``\n`` that starts another tool call when the reply could end)."""
+        closing fits in the tokens left (a ``\\n`` that starts another tool call when the reply could end)."""
         words = row.numpy()  # a view: writes go to ``row``
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")  # [32 * ceil(V / 32)] uint8
         allowed = np.flatnonzero(bits).tolist()
