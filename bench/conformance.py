@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 from constrain.testing import run_conformance  # noqa: E402
 
 SUITE = (
@@ -23,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
+    print(machine_line())
     if not SUITE.is_dir():
         sys.exit(f"the suite is not at {SUITE}")
     counts = run_conformance(SUITE, constrain.load_tokenizer())

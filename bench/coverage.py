@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import signal
 import sys
@@ -54,6 +53,7 @@ from jsonschema.exceptions import best_match  # noqa: E402
 
 import constrain  # noqa: E402
 from bench import peers  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 REPORT = Path(__file__).resolve().parent / "results" / "coverage.json"
@@ -66,22 +66,6 @@ MESSAGE_CHARS = 300
 
 def messages_for(schema: Any) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": json.dumps(schema)}]
-
-
-def cpu_line() -> str:
-    """The CPU's model name, core count and whether it has AVX-512F and AVX2 (Linux ``/proc/cpuinfo``)."""
-    name, flags = "unknown CPU", set[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown CPU":
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    has = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx512f", "avx2"))
-    return f"CPU: {name}, {os.cpu_count()} cores ({has})"
 
 
 def violation(text: str, schema: Any) -> str | None:
@@ -342,7 +326,7 @@ def main() -> None:
         report.append(row)
         args.report.write_text(json.dumps(report, indent=1))
     elapsed = time.perf_counter() - started
-    print(cpu_line())
+    print(machine_line())
     print(
         f"MaskBench dev: {len(entries)} schemas (seed {args.seed}), {handle.name}, greedy, max_tokens "
         f"{args.max_tokens}, {torch.get_num_threads()} torch threads, {elapsed / 60:.1f} min"

@@ -27,23 +27,13 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.machine import machine_line  # noqa: E402
 from constrain.testing import DIFFERENTIAL_MODES, DifferentialCounts, run_differential  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 DEFAULT_SAMPLE = 300
 """Schemas in the default sample: about 8 minutes on this machine's 2 CPU cores, shared (400 took
 10.5 min); ``--all`` runs the 5,640."""
-
-
-def cpu_name() -> str:
-    """``lscpu``'s model name, or ``"unknown CPU"``."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    return next(
-        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown CPU"
-    )
 
 
 def revision() -> str:
@@ -137,12 +127,12 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     header = (
         f"Differential run on MaskBench dev: {len(entries)} schemas (seed {args.seed}), SmolLM2 tokenizer, "
-        f"{cpu_name()}, {args.jobs} process(es), {elapsed:.0f} s, revision {started_at}"
+        f"{machine_line()}, {args.jobs} process(es), {elapsed:.0f} s, revision {started_at}"
     )
     print(markdown(counts, header=header))
     if args.out:
         report = {
-            "cpu": cpu_name(), "revision": started_at, "schemas": len(entries), "seed": args.seed,
+            "cpu": machine_line(), "revision": started_at, "schemas": len(entries), "seed": args.seed,
             "seconds": round(elapsed, 1), "options": options,
             "modes": {mode: c.as_dict() for mode, c in counts.items()},
         }  # fmt: skip

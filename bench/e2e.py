@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict  # noqa: E402
 
 import constrain  # noqa: E402
 from bench import peers  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -596,6 +597,7 @@ def main() -> None:
     parser.add_argument("--systems", help=f"comma-separated keys: {known} (default: all)")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/results, or bench/results/quick)")
     args = parser.parse_args()
+    print(machine_line())
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # transformers' per-call notices would break the progress bars

@@ -24,6 +24,7 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 
 gen = importlib.import_module("constrain.generate")
 
@@ -73,6 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(machine_line())
     handle = constrain.load_model()
     base = constrain.generate(handle, PROMPT, schema=SCHEMA, temperature=0, max_tokens=120)
     length = len(base.token_ids)

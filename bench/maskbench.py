@@ -48,6 +48,8 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.machine import machine_line  # noqa: E402
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 ENGINES = ("constrain", "constrain-closed", "constrain-generation", "xgrammar", "llguidance")
 """``constrain-closed``: constrain with ``closed=True`` (no keys beyond those declared unless allowed);
@@ -396,6 +398,7 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--json", type=Path, default=None, help="also write per-schema results here")
     args = parser.parse_args()
+    print(machine_line())
     entries = load_entries(args.sample)
     all_results = run_engines(args.engines.split(","), entries, args.timeout)
     if args.json:

@@ -43,6 +43,7 @@ from transformers import (  # noqa: E402
     TopPLogitsWarper,
 )
 
+from bench.machine import machine_line  # noqa: E402
 from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace  # noqa: E402
 
 MIX = [
@@ -199,7 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     reps = 5 if args.quick else 20
     batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
-    print(f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__}\n")
+    print(machine_line(args.device) + "\n")
     print("Pipeline, µs per step (median); ratios are other / sampler")
     print(
         "| B | V | sampler | +build | common | row loop | hf rows | hf batch | clone | copy_ | row loop / sampler "

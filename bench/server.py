@@ -28,6 +28,7 @@ import jsonschema  # noqa: E402
 import openai  # noqa: E402
 
 import constrain  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 from constrain.testing import PERSON_SCHEMA as PERSON  # noqa: E402
 from constrain.testing import WEATHER_TOOL as WEATHER  # noqa: E402
 from constrain.testing import LocalServer  # noqa: E402
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
+    print(machine_line())
     handle = constrain.load_model()
     print(f"model {handle.name} ({next(handle.model.parameters()).dtype}); {args.clients} clients x "
           f"{args.requests} requests, max_tokens {args.max_tokens}, greedy\n")  # fmt: skip

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 import constrain  # noqa: E402
 from bench import peers  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 from constrain.testing import TERMINATION_WORKLOADS as WORKLOADS  # noqa: E402
 
 LIMITS = (48, 192)
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--engines", default="constrain,constrain-plain,xgrammar,llguidance,outlines")
     parser.add_argument("--detail", action="store_true", help="also print every workload")
     args = parser.parse_args()
+    print(machine_line())
     from tqdm import tqdm
 
     engines = args.engines.split(",")
