@@ -262,6 +262,7 @@ def _greedy(
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     priority = [chars[c] for c in _PRIORITY if c in chars]
+    moves = [[t] for t in priority[:1]] + hints + [[t] for t in priority[1:]]  # a string's closing quote first
     probe, out = matcher.fork(), list[int]()
     streak = 0
     stuck: set[Signature] = set()  # loops no character leads out of
@@ -285,7 +286,6 @@ def _greedy(
         # try the priority characters in turn, not into a dead end of the value checks ("a where the
         # array holds "a" already); where a string cannot close yet, the constraint's own examples before
         # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
-        moves = [[t] for t in priority[:1]] + hints + [[t] for t in priority[1:]]
         pick = next((ids for ids in moves if _advance(probe, ids, bitmask)), None)
         if pick is None:
             allowed = [[chars[c]] for c in sorted(_allowed_chars(probe, bitmask, chars))]

@@ -33,6 +33,9 @@ import torch
 from constrain.closing import NEAR, Budget, RepetitionGuard, completion
 from constrain.compiler import compile
 from constrain.constraints import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
+from constrain.detokenizer import IncrementalDetokenizer
+from constrain.keys import clear_bits
+from constrain.loop import GUARD_WINDOW
 from constrain.matcher import Matcher
 from constrain.tools import tool_calling
 
@@ -50,9 +53,6 @@ SLACK = 16
 
 VET_TOKENS = 8
 """Near the end, where at most this many tokens are allowed, each is kept only if a closing fits after it."""
-
-_GUARD_TOKENS = 512
-"""The repetition guard reads the text of at most this many last tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,9 @@ class Guide:
         guarded = spec.repetition_guard and bool(json_text)  # JSON, or tool calls
         self.guard = RepetitionGuard(compiled.tokenizer) if guarded else None
         self.eos = tuple(eos_token_ids)
-        self.taken: list[int] = []  # the output tokens the matcher has accepted
+        self.taken: list[int] = []  # the output tokens seen, in order
+        self._detok: IncrementalDetokenizer | None = None  # the guard's text, kept as the tokens come
+        self._text = ""  # the last GUARD_WINDOW characters of the output (where the guard is on)
         self.failed = False  # a token the matcher refused was taken: only EOS is allowed from then on
         self._plan: list[int] | None = None  # the closing path from the matcher's state, when known
         self._estimate = 0  # the closing path's length when last found
@@ -169,9 +171,14 @@ class Guide:
         if len(output_ids) < seen or list(output_ids[:seen]) != self.taken:
             self.matcher.reset()
             self.taken, self.failed, self._plan, seen = [], False, None, 0
+            self._detok, self._text = None, ""
+        if self.guard is not None and self._detok is None:
+            self._detok = IncrementalDetokenizer(self.tokenizer)
         for token in map(int, output_ids[seen:]):
             if token < 0:  # a placeholder for a token still being sampled (vLLM's async scheduling)
                 break
+            if self._detok is not None:
+                self._text = (self._text + self._detok.add(token))[-GUARD_WINDOW:]
             if self.failed or self.matcher.is_terminated():
                 self.taken.append(token)
                 continue
@@ -206,8 +213,7 @@ class Guide:
                 allow_only(row, plan[:1] or self.eos)
                 return
         if self.guard is not None:
-            text = self.tokenizer.decode(self.taken[-_GUARD_TOKENS:], skip_special_tokens=True)
-            self.guard.apply(text, row)
+            self.guard.apply(self._text, row)
 
     def _vet(
         self,
@@ -232,7 +238,7 @@ class Guide:
                 else None
             )
             if after is None or len(after) > remaining - 1:
-                words[token >> 5] &= ~np.int32(1 << (token & 31) if token & 31 != 31 else -(1 << 31))
+                clear_bits(words, [token])
 
     def _closing(self, remaining: int) -> list[int] | None:
         """The closing path from here: kept while the output follows it; else found again near the end

@@ -90,6 +90,18 @@ def test_near_the_end_a_token_with_no_closing_after_it_is_refused(smol_tokenizer
     assert len(_mask(roomy, vocab)) > 1
 
 
+def test_the_repetition_guard_follows_the_output(smol_tokenizer):
+    """Three identical items: the separator that would start a fourth is forbidden, so the array closes."""
+    vocab = len(smol_tokenizer)
+    spec = guide_spec({"json_schema": {"type": "array", "items": {"type": "string"}}})
+    guide = Guide(spec, smol_tokenizer, vocab_size=vocab, eos_token_ids=[2], max_tokens=500)
+    comma = smol_tokenizer.encode(",", add_special_tokens=False)[0]
+    guide.advance(smol_tokenizer.encode('["the same item", "the same item"', add_special_tokens=False))
+    assert comma in _mask(guide, vocab)  # two copies: another item may follow
+    guide.advance(smol_tokenizer.encode('["the same item", "the same item", "the same item"', add_special_tokens=False))
+    assert comma not in _mask(guide, vocab) and guide.guard is not None and guide.guard.steps
+
+
 def test_a_refused_token_leaves_only_eos(smol_tokenizer):
     vocab = len(smol_tokenizer)
     guide = Guide(guide_spec({"regex": r"\d+"}), smol_tokenizer, vocab_size=vocab, eos_token_ids=[2], max_tokens=50)
