@@ -36,15 +36,18 @@ def _cpuinfo() -> tuple[str, str, set[str]]:
 
 def machine_line(device: str = "cpu") -> str:
     """One line naming the machine: ``CPU: AMD EPYC (family 25 model 17 stepping 1), 2 cores; avx2 yes,
-    avx512f yes, ...; torch 2.13.0, 2 threads`` (and the GPU's name where ``device`` is CUDA)."""
+    avx512f yes, ...; torch 2.13.0, 2 threads, AVX512 kernels`` (and the GPU's name where ``device`` is CUDA)."""
     import torch
 
     name, family, flags = _cpuinfo()
     isa = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ISA_FLAGS)
     line = (
         f"CPU: {name}{f' ({family})' if family else ''}, {os.cpu_count()} cores; {isa}; "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{torch.backends.cpu.get_cpu_capability()} kernels"
     )
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        line += f" (capped by ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']})"
     if str(device).startswith("cuda") and torch.cuda.is_available():
         line += f"; GPU: {torch.cuda.get_device_name(torch.device(device))}"
     return line

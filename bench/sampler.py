@@ -24,6 +24,7 @@ Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick]``
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -58,6 +59,13 @@ MIX = [
 ]
 COMMON = SamplingParams(temperature=0.7, top_p=0.9)
 """The common case: temperature and top-p, no top-k, no penalties."""
+ISSUE_MIX = [
+    SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(top_k=50, top_p=0.9),
+    SamplingParams(min_p=0.05, repetition_penalty=1.1),
+    SamplingParams(temperature=0.0),
+]
+"""Issue 16's mix, measured there on an AVX2-only CPU at B = 64, V = 128,256 with a 200-token prompt."""
 
 
 def timed(fn: Callable[[], object], setup: Callable[[], object], reps: int, device: str) -> float:
@@ -143,18 +151,27 @@ HF_BATCH = LogitsProcessorList(
 )
 
 
-def bench_pipeline(batch: int, vocab: int, device: str, reps: int, slow_reps: int) -> dict[str, float]:
+def bench_pipeline(
+    batch: int,
+    vocab: int,
+    device: str,
+    reps: int,
+    slow_reps: int,
+    mix: list[SamplingParams] = MIX,
+    prompt_len: int = 128,
+    output_len: int = 64,
+) -> dict[str, float]:
     gen = torch.Generator().manual_seed(batch * vocab)
     source = (torch.randn(batch, vocab, generator=gen) * 3).to(device)
     work = torch.empty_like(source)
-    prompts = torch.randint(0, vocab, (batch, 128), generator=gen)
-    outputs = torch.randint(0, vocab, (batch, 64), generator=gen)
+    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=gen)
+    outputs = torch.randint(0, vocab, (batch, output_len), generator=gen)
     seen = torch.cat([prompts, outputs], 1).to(device)
-    params = [MIX[(i + 1) % len(MIX)] for i in range(batch)]  # B = 1: a top-p row, not greedy
+    params = [mix[(i + 1) % len(mix)] for i in range(batch)]  # B = 1: a sampled row, not greedy
     build = lambda ps: SamplingMetadata.build(
         ps, vocab_size=vocab, device=device, prompt_token_ids=prompts, output_token_ids=outputs
     )
-    metadata, common = build(params), build([COMMON] * batch)
+    metadata, common, greedy = build(params), build([COMMON] * batch), build([SamplingParams(temperature=0)] * batch)
     sampler = Sampler()
     refill = lambda: work.copy_(source)
     chains = [hf_chain(p) for p in params]
@@ -162,6 +179,7 @@ def bench_pipeline(batch: int, vocab: int, device: str, reps: int, slow_reps: in
         "sampler": timed(lambda: sampler(work, metadata), refill, reps, device),
         "+build": timed(lambda: sampler(work, build(params)), refill, reps, device),
         "common": timed(lambda: sampler(work, common), refill, reps, device),
+        "greedy": timed(lambda: sampler(work, greedy), refill, reps, device),
         "row loop": timed(lambda: row_loop(work, params, seen, outputs.to(device)), refill, slow_reps, device),
         "hf rows": timed(lambda: hf_rows(work, chains, params, seen), refill, slow_reps, device),
         "hf batch": timed(lambda: torch.multinomial(HF_BATCH(seen, work).softmax(-1), 1), refill, slow_reps, device),
@@ -169,6 +187,28 @@ def bench_pipeline(batch: int, vocab: int, device: str, reps: int, slow_reps: in
         "copy": timed(lambda: work.copy_(source), lambda: None, reps, device),
     }
     return out
+
+
+def profile_issue_mix(device: str) -> None:
+    """Where the issue-16 mix's time goes: torch's profiler, op by op with input shapes."""
+    batch, vocab = 64, 128_256
+    gen = torch.Generator().manual_seed(0)
+    source = (torch.randn(batch, vocab, generator=gen) * 3).to(device)
+    work = torch.empty_like(source)
+    prompts = torch.randint(0, vocab, (batch, 200), generator=gen)
+    params = [ISSUE_MIX[i % len(ISSUE_MIX)] for i in range(batch)]
+    metadata = SamplingMetadata.build(params, vocab_size=vocab, device=device, prompt_token_ids=prompts)
+    sampler = Sampler()
+    sampler(work.copy_(source), metadata)  # warm the scratch buffers
+    with torch.profiler.profile(record_shapes=True) as prof:
+        for _ in range(10):
+            sampler(work.copy_(source), metadata)
+    print("\nWhere the issue-16 mix's time goes (10 steps; the 10 copy_ calls of [64, 128256] refill the input)")
+    print(
+        prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=28, max_shapes_column_width=60
+        )
+    )
 
 
 def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, float]:
@@ -193,32 +233,44 @@ def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, f
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _row(batch: int, vocab: int, r: dict[str, float]) -> str:
+    return (
+        f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['+build']:,.0f} | {r['common']:,.0f} | {r['greedy']:,.0f} "
+        f"| {r['row loop']:,.0f} | {r['hf rows']:,.0f} | {r['hf batch']:,.0f} | {r['clone']:,.0f} | {r['copy']:,.0f} "
+        f"| {r['hf rows'] / r['sampler']:.1f}x | {r['hf batch'] / r['sampler']:.1f}x | {r['sampler'] / r['copy']:.1f} "
+        f"| {r['common'] / r['copy']:.1f} | {r['greedy'] / r['copy']:.1f} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, B <= 64")
+    parser.add_argument("--profile", action="store_true", help="also profile the issue-16 mix op by op")
+    parser.add_argument("--isa", choices=["avx2"], help="re-run with torch's and oneDNN's CPU kernels capped")
     args = parser.parse_args()
+    if args.isa and os.environ.get("ATEN_CPU_CAPABILITY") != args.isa:
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": args.isa, "ONEDNN_MAX_CPU_ISA": args.isa.upper()}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     reps = 5 if args.quick else 20
     batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
     print(machine_line(args.device) + "\n")
-    print("Pipeline, µs per step (median); ratios are other / sampler")
-    print(
-        "| B | V | sampler | +build | common | row loop | hf rows | hf batch | clone | copy_ | row loop / sampler "
-        "| hf rows / sampler | hf batch / sampler | common / clone | common / copy_ |"
+    print("Pipeline, µs per step (median); ratios are other / sampler; passes = sampler / copy_")
+    header = (
+        "| B | V | sampler | +build | common | greedy | row loop | hf rows | hf batch | clone | copy_ "
+        "| hf rows / sampler | hf batch / sampler | passes | common passes | greedy passes |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
     for vocab in (49_152, 128_256):
         for batch in batches:
             slow = max(1, min(reps, 200 // batch))
-            r = bench_pipeline(batch, vocab, args.device, reps, slow)
-            print(
-                f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['+build']:,.0f} | {r['common']:,.0f} "
-                f"| {r['row loop']:,.0f} | {r['hf rows']:,.0f} | {r['hf batch']:,.0f} | {r['clone']:,.0f} "
-                f"| {r['copy']:,.0f} | {r['row loop'] / r['sampler']:.1f}x | {r['hf rows'] / r['sampler']:.1f}x "
-                f"| {r['hf batch'] / r['sampler']:.1f}x | {r['common'] / r['clone']:.1f}x "
-                f"| {r['common'] / r['copy']:.1f}x |",
-                flush=True,
-            )
+            print(_row(batch, vocab, bench_pipeline(batch, vocab, args.device, reps, slow)), flush=True)
+    print("\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)")
+    print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
+    r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0)
+    print(_row(64, 128_256, r), flush=True)
+    if args.profile:
+        profile_issue_mix(args.device)
     print("\nBitmask application, µs (median, systems interleaved)")
     print("| B | V | sampler | xgrammar | masked_fill_ (ready bool mask) |")
     print("|---|---|---|---|---|")

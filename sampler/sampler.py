@@ -9,6 +9,7 @@ import torch
 
 from sampler.metadata import SamplingMetadata, TokenIds
 from sampler.ops.bitmask import apply_token_bitmask_inplace
+from sampler.ops.blocks import block_argmax, block_max, block_topk
 from sampler.ops.logprobs import gather_logprobs
 from sampler.ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
 from sampler.ops.sampling import sample_top_p_rejection, sample_window
@@ -17,6 +18,13 @@ from sampler.params import SamplingParams
 from sampler.rng import Stream, uniform
 
 __all__ = ["LogprobsOutput", "Sampler", "SamplerOutput", "sample"]
+
+_LOG2E = 1.4426950408889634
+"""``log2(e)``: ``exp(x) == 2 ** (x * log2(e))``."""
+_MIN_P_FLOOR = 2.0**-100
+"""Smaller ``min_p`` count as this one, so that ``1 / min_p`` stays a finite float32 weight."""
+_BELOW_ONE = 1.0 - 2.0**-24
+"""The float32 just below 1: ``threshold_`` keeps weights strictly above it, i.e. ``>= 1``."""
 
 
 @dataclass(slots=True)
@@ -49,12 +57,14 @@ class Sampler:
     3. Logit bias is added.
     4. Penalties: repetition (prompt and output), presence, frequency.
     5. Greedy rows (``temperature == 0``) take the argmax here; steps 6-9 skip them.
+       (Greedy rows and small top-k rows share one read: maxima of 256-token blocks.)
     6. Temperature divides the logits.
-    7. Top-k: keep logits >= the k-th largest (a ``topk`` window for k <= 128,
-       a threshold otherwise).
-    8. Top-p over the top-k survivors, renormalised; no vocabulary sort (a
-       ``topk`` window, or rejection with a rising pivot).
-    9. Min-p: keep probabilities >= ``min_p`` x the largest.
+    7. Top-k: keep logits >= the k-th largest (a window of the blocks with the
+       largest maxima for k <= 128, a threshold otherwise).
+    8. Top-p over the top-k survivors, renormalised; no vocabulary sort (inside
+       the window, or rejection with a rising pivot).
+    9. Min-p: keep probabilities >= ``min_p`` x the largest (intersected with
+       the nucleus of step 8, which is a share of the mass before min-p).
     10. Draw: inverse CDF with one counter-based uniform per row, keyed by
         ``(seed, output length)``; a row whose tokens are all ``-inf`` yields
         ``-1`` and is flagged in ``no_token_allowed``.
@@ -63,7 +73,7 @@ class Sampler:
 
     The sampler keeps scratch buffers between calls (it is not thread-safe;
     use one per thread). A call may overwrite float32 ``logits`` (stages 2-4
-    in place, and the softmax of step 8 when no row asks for logprobs).
+    in place, and the weights of steps 6-10 when no row asks for logprobs).
     """
 
     def __init__(self) -> None:
@@ -101,15 +111,18 @@ class Sampler:
 
         token_ids = torch.full((batch,), -1, dtype=torch.int64, device=device)  # [B]
         dead = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
-        if md.greedy_rows.numel():  # 5.
-            best, best_ids = logits[md.greedy_rows].max(dim=-1)  # [g] each
+        maxima = None  # [B, ceil(V / 256)] block maxima: one read serves the argmax and small top-k
+        if md.greedy_rows.numel() or md.window_rows.numel():
+            maxima = block_max(logits)
+        if maxima is not None and md.greedy_rows.numel():  # 5.
+            best, best_ids = block_argmax(logits, md.greedy_rows, maxima)  # [g] each
             token_ids[md.greedy_rows] = best_ids
             dead[md.greedy_rows] = best == float("-inf")
         rows, kth = md.full_rows, None  # kth: [f] top-k thresholds, None when no full row has a top-k
         if rows.numel() and bool((md.top_k[rows] < vocab).any()):
             kth = _kth(logits, md, rows)
-        if md.window_rows.numel():  # 6.-10. for small top-k
-            tied_rows, tied_kth = self._sample_windows(logits, md, token_ids, dead)
+        if maxima is not None and md.window_rows.numel():  # 6.-10. for small top-k
+            tied_rows, tied_kth = self._sample_windows(logits, md, maxima, token_ids, dead)
             if tied_rows.numel():
                 known = kth if kth is not None else torch.full((rows.numel(),), float("-inf"), device=device)
                 rows, kth = torch.cat([rows, tied_rows]), torch.cat([known, tied_kth])
@@ -127,6 +140,8 @@ class Sampler:
         # [B, V] float32
         logits: torch.Tensor,
         md: SamplingMetadata,
+        # [B, ceil(V / 256)]: block_max(logits)
+        maxima: torch.Tensor,
         # [B] int64 / bool, written for the window rows
         token_ids: torch.Tensor,
         dead: torch.Tensor,
@@ -140,7 +155,7 @@ class Sampler:
         rows = md.window_rows  # [w]
         k = md.top_k[rows]  # [w]
         width = min(int(k.max()) + 1, md.vocab_size)
-        values, ids = logits[rows].topk(width, dim=-1)  # [w, width] each, descending
+        values, ids = block_topk(logits, rows, maxima, width)  # [w, width] each, descending
         kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)  # [w]
         after = values.gather(1, k.clamp(max=width - 1).unsqueeze(1)).squeeze(1)  # [w] the (k+1)-th
         tied = (k < width) & (after == kth) & (kth > float("-inf"))
@@ -169,31 +184,45 @@ class Sampler:
         token_ids: torch.Tensor,
         dead: torch.Tensor,
     ) -> None:
-        """Sample rows over the whole vocabulary, without sorting."""
+        """Sample rows over the whole vocabulary, without sorting.
+
+        The weights are ``2 ** ((x - max) * log2(e) / T)``: a softmax without its normalising
+        pass (``exp2`` vectorises on CPUs, where ``exp`` takes a slow path for ``-inf``). Min-p
+        rows are placed first and scaled by ``1 / min_p``, so that one scalar threshold (1) on
+        that slice keeps ``p >= min_p * max p``; top-p stays a share of the mass before min-p.
+        """
+        min_p = md.min_p[rows]  # [f]
+        n_min_p = int((min_p > 0).sum())
+        if n_min_p:  # min-p rows first
+            order = torch.argsort((min_p > 0).to(torch.int8), descending=True, stable=True)  # [f]
+            rows, min_p = rows[order], min_p[order]
+            kth = kth[order] if kth is not None else None
         f, vocab = rows.numel(), md.vocab_size
-        inv_temperature = md.temperature[rows].reciprocal().unsqueeze(1)  # [f, 1]; multiplying is cheaper
-        if kth is None and f == logits.shape[0] and md.max_num_logprobs is None:
-            scaled = logits.mul_(inv_temperature)  # 6. every row, nothing reads the logits later: in place
+        if kth is None and not n_min_p and f == logits.shape[0] and md.max_num_logprobs is None:
+            scaled = logits  # every row, in order, and nothing reads the logits later: in place
         else:
             scaled = self._buffer("scaled", f, vocab, logits.device)  # [f, V]
             torch.index_select(logits, 0, rows, out=scaled)
             if kth is not None:  # 7. (k > 128, or ties at the k-th logit)
                 scaled.masked_fill_(scaled < kth.unsqueeze(1), float("-inf"))
-            scaled.mul_(inv_temperature)  # 6.
-        # In-place softmax through the ATen out= overload: a fresh [f, V] result
-        # would cost a page-faulting allocation, as much as the softmax itself on CPU.
-        probs = torch.ops.aten._softmax.out(scaled, -1, False, out=scaled)  # [f, V]
-        row_dead = probs[:, 0].isnan()  # [f]: softmax of an all -inf row is NaN throughout
+        row_max = scaled.amax(-1)  # [f]
+        row_dead = row_max == float("-inf")
         dead[rows] = row_dead
+        scale = _LOG2E / md.temperature[rows]  # [f]  6.
+        shift = -torch.where(min_p > 0, min_p.clamp(min=_MIN_P_FLOOR), 1.0).log2()  # [f]: max weight 1 / min_p
+        scaled.sub_(torch.where(row_dead, 0.0, row_max).unsqueeze(1))  # [f, V]: exactly 0 at the maximum
+        torch.addcmul(shift.unsqueeze(1), scaled, scale.unsqueeze(1), out=scaled)  # [f, V] exponents
+        probs = scaled.exp2_()  # [f, V] unnormalised
+        total = None  # [f] float64: the mass top-p is a share of, where min-p filters
+        if n_min_p:  # 9.
+            total = probs.sum(-1).double()
+            torch.threshold_(probs[:n_min_p], _BELOW_ONE, 0.0)
         live = ~row_dead
         if not bool(live.all()):
             rows, probs = rows[live], probs[live]
-        min_p = md.min_p[rows]  # [f], relative to the row's largest probability
-        min_prob = min_p * probs.amax(-1) if bool((min_p > 0).any()) else min_p  # [f]
+            total = total[live] if total is not None else None
         scratch = self._buffer("scratch", 2 * probs.shape[0], vocab, logits.device)
-        token_ids[rows] = sample_top_p_rejection(  # 8.-10.
-            probs, md.top_p[rows], min_prob, md.keys[rows], scratch
-        )
+        token_ids[rows] = sample_top_p_rejection(probs, md.top_p[rows], md.keys[rows], scratch, total)  # 8., 10.
 
     def _logprobs(
         self,

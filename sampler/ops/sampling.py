@@ -163,18 +163,22 @@ def _above(
 
 
 def sample_top_p_rejection(
-    # [n, V] float32, >= 0: probabilities (normalised or not); 0 for tokens outside top-k. Not mutated.
+    # [n, V] float32, >= 0: probabilities (normalised or not); 0 for tokens filtered out (top-k, min-p). Not mutated.
     probs: torch.Tensor,
     # [n] float32 in (0, 1]
     top_p: torch.Tensor,
-    # [n] float32: keep probs >= this (min_p x the row's largest prob); 0 means none
-    min_prob: torch.Tensor,
     # [n] int64: rng.row_keys of each row
     keys: torch.Tensor,
     # [>= 2n, V] float32 or None: scratch space, overwritten (allocated if None)
     scratch: torch.Tensor | None = None,
+    # [n] float64 or None: the mass top-p is a share of (min-p filtered rows: before filtering); None: probs' sum
+    total: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Return ``[n]`` int64 ids drawn from the top-p nucleus, intersected with min-p.
+    """Return ``[n]`` int64 ids drawn from ``probs`` within the top-p nucleus.
+
+    The nucleus is ``{i : mass(p > p_i) < top_p * total}``. Where ``probs`` is an upper set of a
+    larger distribution of mass ``total`` (min-p), the draw is from the intersection of that set
+    with the larger distribution's nucleus: the mass above a kept token is the same in both.
 
     Rows need a positive maximum. Uses stream ``Stream.SAMPLE + round`` of
     :func:`sampler.rng.uniform`. Later rounds copy their rows into the second
@@ -187,16 +191,13 @@ def sample_top_p_rejection(
     work, subset = scratch[:n], scratch[n : 2 * n]  # [n, V] each
     tokens = torch.empty(n, dtype=torch.int64, device=device)
     first_blocks = block_sums(probs)  # [n, num_blocks]
-    target = first_blocks.sum(-1) * top_p.double()  # [n] nucleus mass
-    # min-p keeps probs >= min_prob: strictly above the float just below it
-    pivot = torch.where(
-        min_prob > 0, torch.nextafter(min_prob, torch.zeros_like(min_prob)), torch.full_like(min_prob, -1.0)
-    )
+    target = (first_blocks.sum(-1) if total is None else total) * top_p.double()  # [n] nucleus mass
+    pivot = torch.full((n,), -1.0, dtype=probs.dtype, device=device)  # [n]: draw from probs above it
     rows = torch.arange(n, device=device)  # rows still drawing, as indices into the batch
     rows_probs = probs  # [m, V] their probabilities
     for round_ in range(MAX_REJECTION_ROUNDS):
         m = rows.numel()
-        if round_ == 0 and bool((pivot < 0).all()):
+        if round_ == 0:
             weights, mass = probs, first_blocks  # [m, V], [m, num_blocks]
         else:
             weights = _above(rows_probs, pivot, work[:m])
@@ -220,8 +221,8 @@ def sample_top_p_rejection(
         rows, pivot = rows[rejected], torch.maximum(pivot[rejected], drawn_prob[rejected])
         rows_probs = torch.index_select(probs, 0, rows, out=subset[: rows.numel()])
     # Rare: fall back to the exact nucleus threshold for the rows still drawing.
-    nucleus_floor = top_p_threshold(rows_probs, top_p[rows])  # [m]
-    floor = torch.maximum(nucleus_floor, min_prob[rows])
+    share = (target[rows] / rows_probs.sum(-1, dtype=torch.float64)).clamp(max=1.0)  # [m] of what probs hold
+    floor = top_p_threshold(rows_probs, share)  # [m]
     weights = _above(rows_probs, torch.nextafter(floor, torch.zeros_like(floor)), work[: rows.numel()])
     tokens[rows] = inverse_cdf_sample(weights, uniform(keys[rows], Stream.SAMPLE + MAX_REJECTION_ROUNDS))
     return tokens

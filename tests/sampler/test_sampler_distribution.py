@@ -10,6 +10,8 @@ search moves the statistic by orders of magnitude: see the sanity test).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -78,11 +80,13 @@ def test_sampled_frequencies_match_target(params, vocab, device):
     assert chi_square_p(out.token_ids, expected) > P_MIN
 
 
-def test_rejection_fallback_is_exact(monkeypatch):
+@pytest.mark.parametrize(
+    "params", [SamplingParams(top_p=0.5), SamplingParams(top_p=0.6, min_p=0.15), SamplingParams(top_p=0.3, min_p=0.02)]
+)
+def test_rejection_fallback_is_exact(monkeypatch, params):
     monkeypatch.setattr(sampling_ops, "MAX_REJECTION_ROUNDS", 1)  # most rejected rows take the exact threshold
     row = _logits(500, seed=3)
-    params = SamplingParams(top_p=0.5)
-    out = sample(row.expand(N, 500), [SamplingParams(top_p=0.5, seed=i) for i in range(N)])
+    out = sample(row.expand(N, 500), [dataclasses.replace(params, seed=i) for i in range(N)])
     assert chi_square_p(out.token_ids, target_distribution(row, params)) > P_MIN
 
 

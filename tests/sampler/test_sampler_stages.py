@@ -9,6 +9,7 @@ import torch
 import xgrammar as xgr
 
 from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace, sample
+from sampler.ops.blocks import block_argmax, block_max, block_topk
 from sampler.ops.topk_topp import apply_top_k_top_p_min_p
 
 from reference import allowed_from_bitmask, filtered_logits, target_distribution
@@ -241,3 +242,27 @@ def test_non_contiguous_logits_like_a_models_last_position(device):
     expected = Sampler()(logits.contiguous(), SamplingMetadata.build(params, vocab_size=VOCAB, device=device))
     got = Sampler()(logits, SamplingMetadata.build(params, vocab_size=VOCAB, device=device))
     assert torch.equal(got.token_ids, expected.token_ids)
+
+
+@pytest.mark.parametrize("vocab", [1, 100, 256, 600, 1000])
+def test_block_argmax_and_topk_equal_torchs(vocab):
+    """The block ops read maxima of 256-token blocks first; they must equal argmax / topk exactly,
+    ties, -inf and a last, shorter block included."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen).round()  # rounding makes ties frequent
+    logits[1] = -math.inf
+    logits[2, : vocab // 2] = -math.inf
+    logits[3] = 7.0  # one value throughout
+    rows = torch.tensor([5, 0, 1, 2, 3])
+    maxima = block_max(logits)
+    best, ids = block_argmax(logits, rows, maxima)
+    assert torch.equal(ids, logits[rows].argmax(-1))
+    assert torch.equal(best, logits[rows].amax(-1))
+    for width in {1, min(7, vocab), min(129, vocab), vocab}:
+        values, top_ids = block_topk(logits, rows, maxima, width)
+        assert torch.equal(values, logits[rows].topk(width, -1).values)
+        assert ((top_ids >= 0) & (top_ids < vocab)).all()
+        finite = values.isfinite()
+        assert torch.equal(logits[rows].gather(1, top_ids)[finite], values[finite])  # ids hold their values
+        for r in range(len(rows)):
+            assert top_ids[r][finite[r]].unique().numel() == int(finite[r].sum())  # no token twice
