@@ -7,19 +7,32 @@ template, the same ``max_tokens`` and EOS ids for every system. Workloads:
 - extraction: a Pydantic model of 8 fields (a nested object, an array) from a paragraph;
 - function call: the arguments of a few GlaiveAI tool schemas from MaskBench (``../shared/maskbench``);
 - regex: an ISO date and a phone number; choice: a ticket label among 5; grammar: ``grammars/sql_select``;
-- unconstrained: free text of exactly the baseline's length (the tokens of constrain's greedy extraction).
+- unconstrained: free text of exactly the length of constrain's greedy extraction.
 
 Systems: ``constrain`` (jump-forward, the default), without jump-forward, with n-gram speculation, with
 open objects and sampled whitespace (JSON schemas as generation took them before issue 13);
 transformers ``generate`` unconstrained (the yardstick), + xgrammar's logits processor, + llguidance
-(:class:`bench.peers.LlguidanceProcessor`); Outlines' ``Generator`` on the same transformers model.
+(:class:`bench.peers.LlguidanceProcessor`); Outlines' ``Generator`` on the same transformers model. Each
+peer runs at its defaults and, on the JSON-schema workloads, at its best setting too (", compact":
+:data:`bench.peers.COMPACT_JSON`, no whitespace the model may choose); elsewhere the two are the same
+setting and run once.
+
+The yardstick is unconstrained generation of the same text's length: on every workload, transformers
+``generate`` from the same prompt, at the same batch and decoding, without a constraint and with EOS
+forbidden, produces exactly as many tokens per sequence as constrain's greedy output for that item (set
+before the timed runs). A forward pass costs the same whatever token it yields, so this is the time the
+model takes to write that text freely: prefill, then one pass per token.
 
 Per system x workload x decoding x batch: compile time (cold: the first compile of that constraint in the
 process, after each engine's tokenizer setup; warm: the second), output tokens, forward passes (counted on
 ``model.forward``), tokens/s, ms per token of one sequence, validity (JSON: parses and validates with
-``jsonschema``; regex, choice, grammar: ``constrain``'s ``validate``), and tokens/s over the yardstick's at
-the same batch and decoding. The configurations run round robin ``--repeats`` times (medians per item,
-summed over a workload's items). Writes ``e2e.md``, ``tokens_per_s.png`` and ``ratio.png`` to ``--out``.
+``jsonschema``; regex, choice, grammar: ``constrain``'s ``validate``), tokens/s over the yardstick's, and s per
+valid object: the seconds of all its runs over the number of valid outputs among them (every output of the
+yardstick and of free text counts). For constrain, that figure's speedups: the best peer's (the lowest s per
+valid object among every peer and setting on the workload) over constrain's, and the yardstick's over
+constrain's. The configurations run round robin ``--repeats`` times (medians per item, summed over a
+workload's items, except s per valid object: all runs). Writes ``e2e.md``, ``tokens_per_s.png`` and
+``ratio.png`` (the yardstick's s per object over each system's s per valid object) to ``--out``.
 
 Usage: ``python bench/e2e.py [--repeats 3] [--quick] [--workloads extraction,regex] [--systems constrain,xgrammar]``
 (``--quick``: one item per workload, batch 1, greedy, one repeat, into ``bench/results/quick``).
@@ -30,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import sys
 import time
@@ -38,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
@@ -57,8 +71,6 @@ FUNCTION_CALLS = 2
 TEMPERATURE, SEED = 0.7, 0
 DECODINGS = ("greedy", "sampled")
 BATCHES = (1, 8)
-YARDSTICK = ("transformers", "unconstrained")
-"""(system, workload) whose tokens/s the ratio column divides by, at the same batch and decoding."""
 
 
 class Address(BaseModel):
@@ -95,14 +107,16 @@ def user(content: str) -> list[dict[str, str]]:
 
 @dataclass(frozen=True)
 class Item:
-    """One prompt with its constraint (None: free text) and its ``max_tokens``."""
+    """One prompt with its constraint (None: free text, exactly ``max_tokens`` tokens, EOS forbidden), its
+    ``max_tokens``, and ``length``: the tokens the yardstick generates for it (set from constrain's greedy
+    output before the timed runs)."""
 
     workload: str
     name: str
     messages: list[dict[str, str]]
     constraint: constrain.Constraint | None
     max_tokens: int
-    exact: bool = False  # exactly max_tokens tokens (EOS forbidden): the unconstrained yardstick
+    length: int = 0
 
 
 def function_calls(count: int) -> list[Item]:
@@ -144,12 +158,15 @@ def workloads() -> list[Item]:
         Item("grammar", "sql_select", user("Write one SQL query for the table employees(name, salary, department): "
              "the names and salaries in the 'sales' department above 50000, highest salary first."),
              constrain.grammar("sql_select"), 64),
-        Item("unconstrained", "story", user("Tell me a long story about a lighthouse keeper."), None, 0, exact=True),
+        Item("unconstrained", "story", user("Tell me a long story about a lighthouse keeper."), None, 0),
     ]  # fmt: skip
 
 
 Rows = list[tuple[str, int]]
 """Per sequence of a batch: (text, output tokens without EOS)."""
+
+
+Role = Literal["constrain", "peer", "yardstick"]
 
 
 class System:
@@ -159,6 +176,7 @@ class System:
     key = ""
     name = ""
     engine = ""
+    role: Role
 
     def __init__(self, handle: constrain.ModelHandle) -> None:
         self.handle = handle
@@ -185,7 +203,7 @@ def constrain_compile(handle: constrain.ModelHandle, constraint: constrain.Const
 
 
 class Constrain(System):
-    engine = "constrain"
+    engine, role = "constrain", "constrain"
 
     def __init__(
         self, handle: constrain.ModelHandle, key: str, name: str, *, free_text: bool = False, jump_forward: bool = True,
@@ -212,7 +230,7 @@ class Constrain(System):
 
     def generate(self, item: Item, compiled: Any, batch: int, sampled: bool) -> Rows:
         sampling: dict[str, Any] = {"temperature": TEMPERATURE, "seed": SEED} if sampled else {"temperature": 0}
-        if item.exact:
+        if item.constraint is None:
             sampling["logit_bias"] = dict.fromkeys(self.handle.eos_token_ids, -100.0)
         constraint = self.constraint(item.constraint)
         out = constrain.generate(self.handle, item.messages, constraint=constraint, max_tokens=item.max_tokens,
@@ -222,12 +240,12 @@ class Constrain(System):
 
 
 def hf_options(handle: constrain.ModelHandle, item: Item, sampled: bool) -> dict[str, Any]:
-    """transformers ``generate`` options: EOS ids, decoding (seeded here), exact length for free text."""
+    """transformers ``generate`` options: EOS ids, decoding (seeded here), exactly ``max_tokens`` for free text."""
     options: dict[str, Any] = {"eos_token_id": list(handle.eos_token_ids), "do_sample": sampled}
     if sampled:  # top_k=0 and top_p=1: the generation config's default top_k of 50 would cut the distribution
         options |= {"temperature": TEMPERATURE, "top_k": 0, "top_p": 1.0}
         torch.manual_seed(SEED)
-    if item.exact:
+    if item.constraint is None:
         options["min_new_tokens"] = item.max_tokens
     return options
 
@@ -249,18 +267,39 @@ class HFGenerate(System):
 
 
 class Transformers(HFGenerate):
-    """Unconstrained: the yardstick."""
+    """The yardstick: every item unconstrained, exactly ``item.length`` tokens (free text: ``max_tokens``)."""
 
-    key, name, engine = "transformers", "transformers", ""
+    key, name, engine, role = "transformers", "transformers", "", "yardstick"
 
     def takes(self, item: Item) -> bool:
-        return item.constraint is None
+        return True
 
     def processor(self, compiled: Any) -> Any:
         return None
 
+    def generate(self, item: Item, compiled: Any, batch: int, sampled: bool) -> Rows:
+        if item.constraint is not None:
+            item = replace(item, constraint=None, max_tokens=item.length)
+        return super().generate(item, None, batch, sampled)
 
-class XGrammar(HFGenerate):
+
+class Peer(System):
+    """A peer at its defaults or, ``compact``, at its best JSON-schema setting (:data:`bench.peers.COMPACT_JSON`):
+    then a system of its own (key ``<key>-compact``, its own engine) that runs the JSON-schema items only."""
+
+    role = "peer"
+
+    def __init__(self, handle: constrain.ModelHandle, *, compact: bool = False) -> None:
+        super().__init__(handle)
+        self.compact = compact
+        if compact:
+            self.key, self.name, self.engine = f"{self.key}-compact", f"{self.name}, compact", f"{self.engine}-compact"
+
+    def takes(self, item: Item) -> bool:
+        return isinstance(item.constraint, constrain.JsonSchema) if self.compact else item.constraint is not None
+
+
+class XGrammar(Peer, HFGenerate):
     key, name, engine = "xgrammar", "transformers + xgrammar", "xgrammar"
 
     def prepare(self) -> None:
@@ -268,13 +307,13 @@ class XGrammar(HFGenerate):
         self.compile(constrain.regex("[a-z]"))
 
     def compile(self, constraint: constrain.Constraint) -> Any:
-        return peers.xgrammar_grammar(self.compiler, constraint)
+        return peers.xgrammar_grammar(self.compiler, constraint, compact=self.compact)
 
     def processor(self, compiled: Any) -> Any:
         return peers.xgrammar_processor(compiled)
 
 
-class Llguidance(HFGenerate):
+class Llguidance(Peer, HFGenerate):
     key, name, engine = "llguidance", "transformers + llguidance", "llguidance"
 
     def prepare(self) -> None:
@@ -282,13 +321,13 @@ class Llguidance(HFGenerate):
         self.compile(constrain.regex("[a-z]"))
 
     def compile(self, constraint: constrain.Constraint) -> Any:
-        return peers.llguidance_checked_grammar(self.tokenizer, constraint)
+        return peers.llguidance_checked_grammar(self.tokenizer, constraint, compact=self.compact)
 
     def processor(self, compiled: Any) -> Any:
         return peers.LlguidanceProcessor(self.tokenizer, compiled, self.handle.eos_token_ids)
 
 
-class Outlines(System):
+class Outlines(Peer):
     key, name, engine = "outlines", "Outlines", "outlines"
 
     def prepare(self) -> None:
@@ -300,7 +339,7 @@ class Outlines(System):
     def compile(self, constraint: constrain.Constraint) -> Any:
         import outlines
 
-        return outlines.Generator(self.model, peers.outlines_type(constraint))
+        return outlines.Generator(self.model, peers.outlines_type(constraint, compact=self.compact))
 
     def generate(self, item: Item, compiled: Any, batch: int, sampled: bool) -> Rows:
         from outlines.inputs import Chat
@@ -319,9 +358,7 @@ def systems(handle: constrain.ModelHandle) -> list[System]:
         Constrain(handle, "constrain-spec", "constrain, speculative", speculative=True),
         Constrain(handle, "constrain-open", "constrain, open objects + sampled whitespace", open_objects=True),
         Transformers(handle),
-        XGrammar(handle),
-        Llguidance(handle),
-        Outlines(handle),
+        *(peer(handle, compact=compact) for peer in (XGrammar, Llguidance, Outlines) for compact in (False, True)),
     ]
 
 
@@ -352,6 +389,7 @@ class Cell:
 
     workload: str
     system: str
+    role: Role
     batch: int
     note: str = ""  # why it is n/a
     cold_ms: float | None = None
@@ -361,11 +399,18 @@ class Cell:
     forwards: int = 0
     valid: int = 0
     rows: int = 0
-    free: bool = False  # free text: no validity
+    total_seconds: float = 0.0  # of all runs, not medians
+    free: bool = False  # free text or the yardstick: no validity, every output counts
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def per_valid(self) -> float:
+        """Seconds per valid output over all runs (inf when none is valid)."""
+        valid = self.rows if self.free else self.valid
+        return self.total_seconds / valid if valid else math.inf
 
 
 def is_valid(handle: constrain.ModelHandle, constraint: constrain.Constraint | None, text: str) -> bool:
@@ -380,6 +425,13 @@ def is_valid(handle: constrain.ModelHandle, constraint: constrain.Constraint | N
             return False
         return True
     return not constrain_compile(handle, constraint).validate(text)
+
+
+def greedy_length(handle: constrain.ModelHandle, item: Item) -> int:
+    """Output tokens of constrain's greedy generation for ``item``: how many the yardstick generates for it."""
+    out = constrain.generate(handle, item.messages, constraint=item.constraint, max_tokens=item.max_tokens,
+                             temperature=0)  # fmt: skip
+    return len(out.token_ids)
 
 
 def timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -403,7 +455,7 @@ class Bench:
         engines = {s.engine: s for s in self.systems if s.engine}
         for system in tqdm(engines.values(), desc="tokenizer setup", file=sys.stderr):
             system.prepare()
-        jobs = [(system, item) for system in engines.values() for item in self.items if item.constraint is not None]
+        jobs = [(s, i) for s in engines.values() for i in self.items if s.takes(i) and i.constraint is not None]
         for system, item in tqdm(jobs, desc="compile", file=sys.stderr):
             assert item.constraint is not None
             try:
@@ -426,13 +478,14 @@ class Bench:
         return system.takes(item) and self.unavailable(system, item) is None
 
     def generate(self, system: System, item: Item, batch: int, sampled: bool) -> Run:
-        compiled = self.compiled[system.engine, item.name].value if item.constraint is not None else None
+        constraint = item.constraint if system.role != "yardstick" else None
+        compiled = self.compiled[system.engine, item.name].value if constraint is not None else None
         with peers.Meter(self.handle) as meter:
             start = time.perf_counter()
             rows = system.generate(item, compiled, batch, sampled)
             seconds = time.perf_counter() - start
         texts = [text for text, _ in rows]
-        valid = sum(is_valid(self.handle, item.constraint, text) for text in texts)
+        valid = sum(is_valid(self.handle, constraint, text) for text in texts)
         return Run(seconds, sum(tokens for _, tokens in rows), meter.forwards, valid, texts)
 
     def run(self, repeats: int, decodings: tuple[str, ...], batches: tuple[int, ...]) -> None:
@@ -459,7 +512,8 @@ class Bench:
         group = [i for i in self.items if i.workload == workload]
         if not all(system.takes(i) for i in group):
             return None
-        cell = Cell(workload, system.name, batch, free=all(i.constraint is None for i in group))
+        free = system.role == "yardstick" or all(i.constraint is None for i in group)
+        cell = Cell(workload, system.name, system.role, batch, free=free)
         notes = [(i.name, reason) for i in group if (reason := self.unavailable(system, i)) is not None]
         if notes:
             cell.note = "n/a: " + ("; ".join(f"{name}: {r}" for name, r in notes) if len(group) > 1 else notes[0][1])
@@ -476,6 +530,7 @@ class Bench:
             cell.forwards += median.forwards
             cell.valid += sum(r.valid for r in runs)
             cell.rows += batch * len(runs)
+            cell.total_seconds += sum(r.seconds for r in runs)
         return cell
 
     def cells(self, decoding: str, batch: int) -> list[Cell]:
@@ -485,10 +540,28 @@ class Bench:
 
 
 COLUMNS = ("workload", "system", "compile cold ms", "warm ms", "tokens", "forward passes", "passes/token",
-           "tokens/s", "ms/token", "valid", "s/valid", "ratio", "note")  # fmt: skip
+           "tokens/s", "ms/token", "valid", "tokens/s ratio", "s per valid object", "speedup vs best peer",
+           "speedup vs unconstrained", "note")  # fmt: skip
 
 
-def table(cells: list[Cell], yardstick: float | None) -> str:
+def yardstick(cells: list[Cell], workload: str) -> Cell | None:
+    """The yardstick's cell on ``workload`` (None if it did not run)."""
+    return next((c for c in cells if c.workload == workload and c.role == "yardstick" and not c.note), None)
+
+
+def best_peer(cells: list[Cell], workload: str) -> float | None:
+    """The lowest s per valid object among the peers, every setting, on ``workload`` (None if none ran)."""
+    return min((c.per_valid for c in cells if c.workload == workload and c.role == "peer" and not c.note), default=None)
+
+
+def speedup(reference: float | None, seconds: float) -> float | None:
+    """``reference / seconds``, how many times faster than the reference (None without one, or if both are inf)."""
+    if reference is None or (math.isinf(reference) and math.isinf(seconds)):
+        return None
+    return math.inf if math.isinf(reference) else reference / seconds
+
+
+def table(cells: list[Cell]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for c in cells:
         if c.note:
@@ -496,14 +569,16 @@ def table(cells: list[Cell], yardstick: float | None) -> str:
             continue
         compile_ms = ("-", "-") if c.cold_ms is None else (f"{c.cold_ms:.1f}", f"{c.warm_ms:.2f}")
         per_sequence = c.tokens / c.batch
-        valid_rate = c.valid / c.rows
         valid = "-" if c.free else f"{c.valid}/{c.rows}"
-        per_valid = "-" if c.free else (f"{c.seconds / (c.batch * valid_rate):.2f}" if valid_rate else "inf")
-        ratio = f"{c.rate / yardstick:.2f}" if yardstick else "-"
+        base = yardstick(cells, c.workload)
+        ratio = f"{c.rate / base.rate:.2f}" if base and base.rate else "-"
+        best = best_peer(cells, c.workload) if c.role == "constrain" else None
+        speedups = [speedup(best, c.per_valid), speedup(base.per_valid if base else None, c.per_valid)]
+        vs_best, vs_unconstrained = ("-" if x is None else f"{x:.2f}" for x in speedups)
         lines.append(
             f"| {c.workload} | {c.system} | {compile_ms[0]} | {compile_ms[1]} | {c.tokens} | {c.forwards} "
             f"| {c.forwards / per_sequence:.2f} | {c.rate:.1f} | {c.seconds * 1e3 / per_sequence:.1f} | {valid} "
-            f"| {per_valid} | {ratio} | |"
+            f"| {ratio} | {c.per_valid:.2f} | {vs_best} | {vs_unconstrained} | |"
         )
     return "\n".join(lines)
 
@@ -558,25 +633,32 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def render(bench: Bench, panels: Panels, yardsticks: dict[tuple[str, int], float | None], notes: str) -> str:
+def render(bench: Bench, panels: Panels, notes: str) -> str:
     packages = ("torch", "transformers", "xgrammar", "llguidance", "outlines")
     versions = ", ".join(f"{p} {_version(p)}" for p in packages)
     limits = ", ".join(f"{w} {m}" for w, m in dict.fromkeys((i.workload, i.max_tokens) for i in bench.items))
     lines = [
         "# End-to-end benchmark (`python bench/e2e.py`)",
         "",
+        machine_line(),
+        "",
         f"Model {bench.handle.name} ({bench.handle.model.dtype}, {torch.get_num_threads()} threads); {versions}. "
         f"max_tokens: {limits}. {notes}",
         "",
         "Columns: compile ms (cold: the first compile of the constraint in the process; warm: the second; mean "
         "per item), output tokens and forward passes of the batch, passes/token and ms/token per sequence, "
-        "tokens/s of the batch, valid outputs over all runs, s/valid: seconds per valid sequence, ratio: tokens/s "
-        f"over that of `{YARDSTICK[0]}` on the {YARDSTICK[1]} workload at the same decoding and batch. "
-        "`transformers` runs the unconstrained workload only, the peers the constrained ones, `constrain` all "
-        "(its variants the constrained ones); n/a: a system that cannot run a workload, and why.",
+        "tokens/s of the batch, valid outputs over all runs, tokens/s ratio: over the yardstick's on the same "
+        "workload; s per valid object: seconds of all runs over the valid outputs among them (the yardstick and "
+        "free text: over all outputs); speedups (s per valid object): the best peer's (the lowest of every peer "
+        "and setting on the workload) over constrain's, and the yardstick's over the system's. The yardstick, "
+        "`transformers`, generates on every workload without a constraint (EOS forbidden) exactly as many tokens "
+        "per sequence as constrain's greedy output for that item, from the same prompt. The peers run the "
+        "constrained workloads at their defaults, and at their best setting (`, compact`: no whitespace the "
+        "model may choose) on the JSON-schema ones; `constrain` runs all (its variants the constrained ones); "
+        "n/a: a system that cannot run a workload, and why.",
     ]
     for panel, cells in panels.items():
-        lines += ["", f"## {title(panel)}", "", table(cells, yardsticks[panel])]
+        lines += ["", f"## {title(panel)}", "", table(cells)]
     decoding, batch = first = next(iter(panels))
     lines += ["", f"## Outputs ({title(first)}, first run, first sequence)", "", "| item | system | output |",
               "|---|---|---|"]  # fmt: skip
@@ -593,7 +675,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (medians)")
     parser.add_argument("--quick", action="store_true", help="one item per workload, batch 1, greedy, one repeat")
     parser.add_argument("--workloads", help="comma-separated workloads (default: all)")
-    known = "constrain,constrain-nojf,constrain-spec,constrain-open,transformers,xgrammar,llguidance,outlines"
+    known = (
+        "constrain,constrain-nojf,constrain-spec,constrain-open,transformers,xgrammar,xgrammar-compact,"
+        "llguidance,llguidance-compact,outlines,outlines-compact"
+    )
     parser.add_argument("--systems", help=f"comma-separated keys: {known} (default: all)")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/results, or bench/results/quick)")
     args = parser.parse_args()
@@ -615,7 +700,7 @@ def main() -> None:
         import outlines  # noqa: F401
     except ImportError:
         print("Outlines is not installed (pip install outlines): skipped", file=sys.stderr)
-        chosen = [s for s in chosen if s.key != "outlines"]
+        chosen = [s for s in chosen if not isinstance(s, Outlines)]
     items = workloads()
     extraction = items[0]
     if args.workloads:
@@ -628,33 +713,33 @@ def main() -> None:
 
     bench = Bench(handle, chosen, items)
     bench.compile()
-    # the unconstrained item's length: constrain's greedy extraction (after the compile times: it compiles)
-    baseline = constrain.generate(handle, extraction.messages, constraint=extraction.constraint,
-                                  max_tokens=extraction.max_tokens, temperature=0)  # fmt: skip
-    length = len(baseline.token_ids)
-    bench.items = [replace(i, max_tokens=length) if i.exact else i for i in items]
+    # the yardstick's lengths: constrain's greedy outputs, the extraction's for free text (after the compile
+    # times: this compiles)
+    lengths = {i.name: greedy_length(handle, i) for i in {i.name: i for i in (extraction, *items)}.values()
+               if i.constraint is not None}  # fmt: skip
+    length = lengths[extraction.name]
+    bench.items = [replace(i, max_tokens=length) if i.constraint is None else replace(i, length=lengths[i.name])
+                   for i in items]  # fmt: skip
     bench.run(repeats, decodings, batches)
 
     panels = {(d, b): bench.cells(d, b) for d in decodings for b in batches}
-    yardsticks = {
-        panel: next((c.rate for c in cells if (c.system, c.workload) == YARDSTICK and not c.note), None)
-        for panel, cells in panels.items()
-    }
-    notes = (f"Median of {repeats} round-robin run(s) per item, summed over a workload's items; sampled: "
+    notes = (f"Median of {repeats} round-robin run(s) per item, summed over a workload's items (s per valid "
+             f"object: all runs); sampled: "
              f"temperature {TEMPERATURE}, seed {SEED}. The unconstrained workload generates exactly {length} tokens "
              f"(constrain's greedy extraction). Run time {time.perf_counter() - began:.0f} s.")  # fmt: skip
     if not MASKBENCH.is_file():
         notes += f" No function-call workload: {MASKBENCH} was not found."
-    report = render(bench, panels, yardsticks, notes)
+    report = render(bench, panels, notes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.md").write_text(report)
     plot(panels, lambda _, cell: cell.rate, "tokens/s", out / "tokens_per_s.png")
 
-    def ratio(panel: tuple[str, int], cell: Cell) -> float | None:
-        base = yardsticks[panel]
-        return cell.rate / base if base else None
+    def vs_unconstrained(panel: tuple[str, int], cell: Cell) -> float | None:
+        base = yardstick(panels[panel], cell.workload)
+        return speedup(base.per_valid if base else None, cell.per_valid)
 
-    plot(panels, ratio, f"tokens/s / {YARDSTICK[0]} {YARDSTICK[1]}", out / "ratio.png", line=1.0)
+    ylabel = "speedup in s per valid object\nover unconstrained generation"
+    plot(panels, vs_unconstrained, ylabel, out / "ratio.png", line=1.0)
     print(report.split("\n## Outputs")[0])
     print(
         f"\nwritten to {out}/: e2e.md, tokens_per_s.png, ratio.png; total run time {time.perf_counter() - began:.0f} s"

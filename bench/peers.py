@@ -5,7 +5,8 @@
   and ``llguidance.torch``, but no transformers logits processor);
 - Outlines' ``Generator`` (its output types, :func:`outlines_type`);
 - each peer's grammar for a constrain constraint (:func:`xgrammar_grammar`, :func:`llguidance_grammar`),
-  so that every system runs the same constraint;
+  so that every system runs the same constraint, at the peer's defaults or, for JSON schemas, at its best
+  setting (``compact=True``: :data:`COMPACT_JSON`);
 - :class:`Meter`: counts ``model.forward`` calls and keeps the tokens ``model.generate`` returns.
 """
 
@@ -23,6 +24,16 @@ from constrain.compiler import choice_ebnf
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 gen = importlib.import_module("constrain.generate")
+
+COMPACT_JSON: dict[str, dict[str, Any]] = {
+    "xgrammar": {"any_whitespace": False, "separators": (",", ":")},  # GrammarCompiler.compile_json_schema
+    "llguidance": {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"},  # JsonCompileOptions
+    "outlines": {"whitespace_pattern": ""},  # outlines.types.JsonSchema (its outlines_core backend)
+}
+"""Each peer's best JSON-schema setting, as keyword arguments of the call named in the comment: compact JSON
+(``{"a":[1,2]}``), no whitespace the model may choose. Their defaults let it choose: xgrammar and llguidance any
+run of whitespace between two JSON tokens, Outlines one optional space (``[ ]?``). Only JSON schemas have
+the setting: for a regex, a choice or a grammar the best setting is the default."""
 
 
 def prompt_ids(handle: constrain.ModelHandle, messages: list[dict[str, str]]) -> list[int]:
@@ -55,6 +66,11 @@ def hf_generate(
     return new_tokens(handle, output, inputs.shape[1])
 
 
+def json_options(peer: str, compact: bool) -> dict[str, Any]:
+    """``peer``'s JSON-schema keyword arguments: :data:`COMPACT_JSON`'s if ``compact``, else none (its defaults)."""
+    return COMPACT_JSON[peer] if compact else {}
+
+
 def xgrammar_compiler(handle: constrain.ModelHandle) -> Any:
     """An ``xgrammar.GrammarCompiler`` for the model's tokenizer (builds its vocabulary: ~1 s)."""
     import xgrammar as xgr
@@ -63,10 +79,11 @@ def xgrammar_compiler(handle: constrain.ModelHandle) -> Any:
     return xgr.GrammarCompiler(info)
 
 
-def xgrammar_grammar(compiler: Any, constraint: constrain.Constraint) -> Any:
-    """xgrammar's compiled grammar for ``constraint``, with xgrammar's default settings."""
+def xgrammar_grammar(compiler: Any, constraint: constrain.Constraint, *, compact: bool = False) -> Any:
+    """xgrammar's compiled grammar for ``constraint``, with xgrammar's default settings (``compact``: a JSON
+    schema's with :data:`COMPACT_JSON`)."""
     if isinstance(constraint, constrain.JsonSchema):
-        return compiler.compile_json_schema(constraint.schema)
+        return compiler.compile_json_schema(constraint.schema, **json_options("xgrammar", compact))
     if isinstance(constraint, constrain.Regex):
         return compiler.compile_regex(constraint.pattern)
     if isinstance(constraint, constrain.Grammar):
@@ -88,13 +105,14 @@ def llguidance_tokenizer(handle: constrain.ModelHandle) -> Any:
     return llguidance.hf.from_tokenizer(handle.tokenizer, n_vocab=handle.vocab_size)
 
 
-def llguidance_grammar(constraint: constrain.Constraint) -> str:
-    """llguidance's grammar for ``constraint`` (EBNF through its GBNF converter); ``ValueError`` if it
-    cannot convert it."""
+def llguidance_grammar(constraint: constrain.Constraint, *, compact: bool = False) -> str:
+    """llguidance's grammar for ``constraint`` (EBNF through its GBNF converter; ``compact``: a JSON schema's
+    with :data:`COMPACT_JSON`); ``ValueError`` if it cannot convert it."""
     import llguidance
 
     if isinstance(constraint, constrain.JsonSchema):
-        return llguidance.grammar_from("json_schema", constraint.schema)
+        options = json_options("llguidance", compact) or None
+        return llguidance.LLMatcher.grammar_from_json_schema(constraint.schema, overrides=options)
     if isinstance(constraint, constrain.Regex):
         return llguidance.grammar_from("regex", constraint.pattern)
     if isinstance(constraint, constrain.Grammar):
@@ -102,12 +120,12 @@ def llguidance_grammar(constraint: constrain.Constraint) -> str:
     return llguidance.grammar_from("choice", json.dumps(list(constraint.options)))
 
 
-def llguidance_checked_grammar(tokenizer: Any, constraint: constrain.Constraint) -> str:
+def llguidance_checked_grammar(tokenizer: Any, constraint: constrain.Constraint, *, compact: bool = False) -> str:
     """:func:`llguidance_grammar`, checked by building a matcher (llguidance compiles lazily, as masks are
     asked); ``ValueError`` if llguidance refuses it."""
     import llguidance
 
-    grammar = llguidance_grammar(constraint)
+    grammar = llguidance_grammar(constraint, compact=compact)
     matcher = llguidance.LLMatcher(tokenizer, grammar)
     if matcher.is_error():
         raise ValueError(matcher.get_error())
@@ -150,14 +168,14 @@ class LlguidanceProcessor:
         return scores
 
 
-def outlines_type(constraint: constrain.Constraint) -> Any:
+def outlines_type(constraint: constrain.Constraint, *, compact: bool = False) -> Any:
     """Outlines' output type for ``constraint`` (its default backends: outlines_core for JSON Schema and
-    regexes, llguidance for grammars)."""
+    regexes, llguidance for grammars; ``compact``: a JSON schema's with :data:`COMPACT_JSON`)."""
     import outlines
     import outlines.types
 
     if isinstance(constraint, constrain.JsonSchema):
-        return outlines.json_schema(constraint.schema)
+        return outlines.types.JsonSchema(constraint.schema, **json_options("outlines", compact))
     if isinstance(constraint, constrain.Regex):
         return outlines.regex(constraint.pattern)
     if isinstance(constraint, constrain.Grammar):
