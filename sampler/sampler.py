@@ -209,9 +209,9 @@ class Sampler:
         row_dead = row_max == float("-inf")
         dead[rows] = row_dead
         scale = _LOG2E / md.temperature[rows]  # [f]  6.
-        shift = -torch.where(min_p > 0, min_p.clamp(min=_MIN_P_FLOOR), 1.0).log2()  # [f]: max weight 1 / min_p
-        scaled.sub_(torch.where(row_dead, 0.0, row_max).unsqueeze(1))  # [f, V]: exactly 0 at the maximum
-        torch.addcmul(shift.unsqueeze(1), scaled, scale.unsqueeze(1), out=scaled)  # [f, V] exponents
+        scaled.sub_(torch.where(row_dead, 0.0, row_max).unsqueeze(1)).mul_(scale.unsqueeze(1))  # [f, V]: 0 at the max
+        if n_min_p:  # min-p rows: max weight 1 / min_p
+            scaled[:n_min_p].sub_(min_p[:n_min_p].clamp(min=_MIN_P_FLOOR).log2().unsqueeze(1))
         probs = scaled.exp2_()  # [f, V] unnormalised
         total = None  # [f] float64: the mass top-p is a share of, where min-p filters
         if n_min_p:  # 9.

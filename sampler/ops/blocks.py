@@ -47,14 +47,25 @@ def _gather_blocks(
     # [n, m] int64: block indices per row
     blocks: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits of ``blocks`` of ``rows``: ``(values [n, m * BLOCK], token ids [n, m * BLOCK])``."""
-    vocab = logits.shape[1]
+    """The logits of ``blocks`` of ``rows``: ``(values [n, m * BLOCK], token ids [n, m * BLOCK])``.
+
+    Copies whole blocks (indexing a ``[B, blocks, BLOCK]`` view: an element-wise gather of the same
+    values is several times slower on CPU); a last, shorter block is padded with ``-inf``.
+    """
+    batch, vocab = logits.shape
+    full = vocab // BLOCK
     ids = (blocks.unsqueeze(2) * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(1)  # [n, m * BLOCK]
-    values = logits[rows.unsqueeze(1), ids.clamp(max=vocab - 1)]  # [n, m * BLOCK]
+    if full:
+        grid = logits[:, : full * BLOCK].view(batch, full, BLOCK)  # a view
+        values = grid[rows.unsqueeze(1), blocks.clamp(max=full - 1)]  # [n, m, BLOCK]
+    else:
+        values = torch.empty(rows.numel(), blocks.shape[1], BLOCK, dtype=logits.dtype, device=logits.device)
     if vocab % BLOCK:
-        values.masked_fill_(ids >= vocab, float("-inf"))
+        tail = torch.full((rows.numel(), BLOCK), float("-inf"), dtype=logits.dtype, device=logits.device)
+        tail[:, : vocab - full * BLOCK] = logits[rows, full * BLOCK :]  # [n, BLOCK]
+        values = torch.where((blocks == full).unsqueeze(2), tail.unsqueeze(1), values)  # [n, m, BLOCK]
         ids = ids.clamp(max=vocab - 1)  # a -inf pad may be taken where logits are -inf: keep its id in V
-    return values, ids
+    return values.flatten(1), ids
 
 
 def block_argmax(
