@@ -1,21 +1,29 @@
 """Constrained vs unconstrained generation on the default model, side by side in one run.
 
 For batch 1 and batch 8, greedy: a JSON extraction constrained by a schema (default ``max_tokens``:
-the grammar ends it; jump-forward on, the default), the same without jump-forward, the same with
-n-gram speculation, the same with the
+the grammar ends it; jump-forward on, speculation off), the same without jump-forward, the same with
+n-gram speculation (adaptive, the default), the same with the
 masks filled on a worker thread beside the forward pass (the default off the CPU), the same with
 ``max_tokens`` set to its output length (so the termination budget checks every step), and
 unconstrained generation of the same number of tokens. Prints tokens/s, forward passes, the ratio
 constrained / unconstrained, batch 8 / batch 1, and the split (forward, mask fill, sampler, stop
 checks + detokenizer) in ms per forward pass.
 
-Usage: ``python bench/generate.py [--repeats 5]``
+Then speculation itself, at batch 1 and 8, greedy and sampled (temperature 0.7, the rows seeded
+0..7), on two workloads: a quote extracted verbatim (the output copies the prompt: prompt lookup
+drafts it) and a story (free text, 64 tokens: drafts mostly rejected). Off, adaptive (the default:
+the drafts that pay, by the measured forward cost and each request's acceptance) and every draft
+fed (the policy before the cost model), with tokens/s and forward passes. ``--speculation`` runs
+only that table.
+
+Usage: ``python bench/generate.py [--repeats 5] [--speculation]``
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -25,6 +33,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
+from constrain.cost import ForwardCost, forward_cost  # noqa: E402
 
 gen = importlib.import_module("constrain.generate")
 
@@ -41,6 +50,28 @@ SCHEMA = {
 }
 PROMPT = [{"role": "user", "content": "Extract as JSON: Maria Lopez, 42, a nurse, lives in Madrid."}]
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+QUOTE_SCHEMA = {
+    "type": "object",
+    "properties": {"speaker": {"type": "string", "maxLength": 40}, "quote": {"type": "string", "maxLength": 300}},
+    "required": ["speaker", "quote"],
+    "additionalProperties": False,
+}
+QUOTE = [{"role": "user", "content": "Extract as JSON the speaker and their exact words, quoted verbatim: Maria Lopez "
+          'said "The new clinic on Gran Via opens on Monday at nine, and every nurse from the old ward will move there '
+          'with their patients."'}]  # fmt: skip
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "quote": {"prompt": QUOTE, "schema": QUOTE_SCHEMA},
+    "story": {"prompt": STORY, "max_tokens": 64},
+}
+"""The speculation table's workloads: keyword arguments of ``constrain.Request``."""
+EVERY_DRAFT = ForwardCost(tokens=(1,), seconds=(1.0,))
+"""A cost under which any width is free: the adaptive policy then feeds every draft (the old policy)."""
+SPECULATION: dict[str, dict[str, Any]] = {
+    "off": {"speculative": False},
+    "adaptive (default)": {"speculative": True},
+    "every draft": {"speculative": True, "forward_cost": EVERY_DRAFT},
+}
+"""The speculation table's configurations: keyword arguments of ``constrain.generate._run``."""
 
 
 def run(
@@ -50,8 +81,10 @@ def run(
     overlap: bool | None = None,
     jump_forward: bool = True,
     speculative: bool = False,
+    forward_cost: ForwardCost | None = None,
 ) -> tuple[int, float, dict[str, float], int]:
-    """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation."""
+    """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation: ``batch``
+    copies of ``spec`` (each of its ``n`` completions)."""
     requests = [r for _ in range(batch) for r in gen._expand(handle, spec)]
     timings: dict[str, float] = {}
     forward, calls = handle.model.forward, [0]
@@ -63,7 +96,8 @@ def run(
     handle.model.forward = counted
     start = time.perf_counter()
     try:
-        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative)
+        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
+                 forward_cost=forward_cost)  # fmt: skip
     finally:
         del handle.model.forward
     seconds = time.perf_counter() - start
@@ -73,9 +107,17 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--speculation", action="store_true", help="only the speculation table")
     args = parser.parse_args()
     print(machine_line())
     handle = constrain.load_model()
+    if not args.speculation:
+        overview(handle, args.repeats)
+    speculation(handle, args.repeats)
+
+
+def overview(handle: constrain.ModelHandle, repeats: int) -> None:
+    """The first table: constrained configurations against unconstrained generation."""
     base = constrain.generate(handle, PROMPT, schema=SCHEMA, temperature=0, max_tokens=120)
     length = len(base.token_ids)
     print(f"model {handle.name}, {torch_threads()} threads; constrained output: {length} tokens, {base.text!r}\n")
@@ -93,7 +135,7 @@ def main() -> None:
     for batch in (1, 8):
         # round robin, so that the machine's drifts touch every configuration alike
         runs: dict[str, list[tuple[int, float, dict[str, float], int]]] = {name: [] for name in specs}
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, spec in specs.items():
                 overlap, jump = (True if "beside" in name else None), "no jump" not in name
                 runs[name].append(run(handle, spec, batch, overlap, jump, speculative="speculative" in name))
@@ -113,7 +155,30 @@ def main() -> None:
         print(f"\nbatch {batch}: constrained runs at {ratio:.1%} of unconstrained tokens/s "
               f"({tight:.1%} with max_tokens at the output's length)", end="")  # fmt: skip
     print(f"\nbatch 8 / batch 1 tokens/s: constrained {rates['constrained', 8] / rates['constrained', 1]:.2f}x, "
-          f"unconstrained {rates['unconstrained', 8] / rates['unconstrained', 1]:.2f}x")  # fmt: skip
+          f"unconstrained {rates['unconstrained', 8] / rates['unconstrained', 1]:.2f}x\n")  # fmt: skip
+
+
+def speculation(handle: constrain.ModelHandle, repeats: int) -> None:
+    """The speculation table: off, adaptive and every draft, per workload, at batch 1 and 8, greedy and
+    sampled (medians of ``repeats``)."""
+    cost = forward_cost(handle.model)  # measured here, outside the timed runs
+    curve = ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in zip(cost.tokens, cost.seconds, strict=True))
+    print(f"forward cost (tokens fed: ms): {curve}; one draft per row costs {cost.relative(1, 2):.2f}x at "
+          f"batch 1, {cost.relative(8, 2):.2f}x at batch 8\n")  # fmt: skip
+    print("| workload | decoding | batch | speculation | tokens | s | tokens/s | forward passes | tokens/s vs off |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    decodings = (("greedy", {"temperature": 0}), ("sampled", {"temperature": 0.7, "seed": 0}))
+    for (workload, request), batch, (decoding, sampling) in itertools.product(WORKLOADS.items(), (1, 8), decodings):
+        spec = constrain.Request(**request, n=batch, sampling=sampling)  # sampled: seeds 0..batch-1
+        runs: dict[str, list[tuple[int, float, dict[str, float], int]]] = {name: [] for name in SPECULATION}
+        for _ in range(repeats):  # round robin, so that the machine's drifts touch every configuration alike
+            for name, options in SPECULATION.items():
+                runs[name].append(run(handle, spec, 1, **options))
+        medians = {name: sorted(r, key=lambda x: x[1])[len(r) // 2] for name, r in runs.items()}
+        off = medians["off"][0] / medians["off"][1]
+        for name, (tokens, seconds, _, steps) in medians.items():
+            print(f"| {workload} | {decoding} | {batch} | {name} | {tokens} | {seconds:.2f} | {tokens / seconds:.1f} "
+                  f"| {steps} | {tokens / seconds / off:.1%} |", flush=True)  # fmt: skip
 
 
 def torch_threads() -> int:

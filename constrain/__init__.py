@@ -18,6 +18,7 @@ from constrain.constraints import (
     json_schema,
     regex,
 )
+from constrain.cost import ForwardCost
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.errors import (
     BudgetError,
@@ -66,6 +67,7 @@ __all__ = [
     "ConstraintError",
     "CoverageEntry",
     "DraftModelProposer",
+    "ForwardCost",
     "GenerationResult",
     "Grammar",
     "GrammarError",

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from constrain.cost import ForwardCost
 from constrain.loop import DecodeLoop, InFlight
 from constrain.models import ModelHandle
 from constrain.results import GenerationResult
@@ -33,7 +34,7 @@ class Engine:
     handle : the model
     max_batch : int, default: 32
         Most requests in the batch at once; later ones wait, in order of arrival.
-    jump_forward, speculative : as in :func:`constrain.generate`
+    jump_forward, speculative, forward_cost : as in :func:`constrain.generate`
 
     A failure of a step (which would be a bug, or the model running out of memory) ends every request
     in flight with that exception and the engine keeps serving new ones.
@@ -45,13 +46,16 @@ class Engine:
         *,
         max_batch: int = 32,
         jump_forward: bool = True,
-        speculative: bool | Proposer = False,
+        speculative: bool | Proposer = True,
+        forward_cost: ForwardCost | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.handle = handle
         self.max_batch = max_batch
-        self._new_loop = functools.partial(DecodeLoop, handle, jump_forward=jump_forward, speculative=speculative)
+        self._new_loop = functools.partial(
+            DecodeLoop, handle, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost
+        )
         self._inbox: queue.SimpleQueue[tuple[str, Any, Done | None]] = queue.SimpleQueue()
         self._waiting: list[tuple[InFlight, Done]] = []
         self._running: dict[int, tuple[InFlight, Done]] = {}

@@ -14,6 +14,7 @@ from typing import Any
 
 from constrain.compiler import compile
 from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
+from constrain.cost import ForwardCost
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.loop import InFlight, resolve_proposer
 from constrain.loop import run as _run
@@ -160,7 +161,8 @@ def generate(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool | Proposer = False,
+    speculative: bool | Proposer = True,
+    forward_cost: ForwardCost | None = None,
     **sampling: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
@@ -182,11 +184,17 @@ def generate(
     jump_forward : bool, default: True
         Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
         as without it, in fewer passes).
-    speculative : bool or Proposer, default: False
+    speculative : bool or Proposer, default: True
         Where nothing is forced, also verify drafts: ``True`` drafts from the prompt and output
         (:class:`NgramProposer`, pays off when the output copies the prompt); a
-        :class:`DraftModelProposer` drafts with a small model of the same vocabulary. Same
-        verification, same tokens.
+        :class:`DraftModelProposer` drafts with a small model of the same vocabulary; ``False``
+        drafts nothing. Same verification, same tokens. Each step feeds only the drafts expected to
+        pay for the wider pass, from each request's acceptance so far and the model's forward cost
+        (measured on first use, about half a second on a CPU: :func:`constrain.cost.forward_cost`).
+    forward_cost : ForwardCost or None, default: None
+        The model's forward cost by tokens fed, for hardware you know (None: measured). The drafts
+        fed depend on it, and a pass of several tokens can change the logits' last bits (visible in
+        bfloat16), so give one (or ``speculative=False``) where seeded runs must match across processes.
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
     Returns
@@ -207,7 +215,8 @@ def generate(
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
-    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative)
+    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative,
+         forward_cost=forward_cost)  # fmt: skip
     results = [[r.result() for r in group] for group in expanded]
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
     return flat[0] if single else flat
@@ -228,7 +237,8 @@ def stream(
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool | Proposer = False,
+    speculative: bool | Proposer = True,
+    forward_cost: ForwardCost | None = None,
     **sampling: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
@@ -259,7 +269,7 @@ def stream(
 
     def worker() -> None:
         try:
-            _run(handle, requests, jump_forward=jump_forward, speculative=speculative)
+            _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost)
         except BaseException as err:
             failure.append(err)
         finally:

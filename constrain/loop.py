@@ -11,6 +11,7 @@ batch's) and leave as soon as they finish or are cancelled: continuous batching,
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import time
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
+from constrain import cost
 from constrain.closing import Budget, RepetitionGuard
 from constrain.compiler import CompiledConstraint
 from constrain.constraints import JsonSchema
@@ -29,7 +31,7 @@ from constrain.detokenizer import IncrementalDetokenizer
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle
 from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
-from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
+from constrain.speculative import Acceptance, DraftModelProposer, NgramProposer, Proposer, plan_drafts
 from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
@@ -75,6 +77,7 @@ class InFlight:
     partials: bool = True  # events carry the partial JSON value (a parse of the whole text, per token)
     encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
     repetition_guard: bool = False
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of its proposer drafts (its loop sets the prior)
     matcher: Matcher | None = None
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
@@ -291,22 +294,23 @@ def _masks(
     return slots, bitmask
 
 
-def _drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> list[int]:
-    """Drafts for ``r``'s next forward pass: the grammar's forced text (jump-forward), else the
-    ``proposer``'s guess (speculative decoding); pruned to what the grammar accepts."""
+def _drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> tuple[list[int], bool]:
+    """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
+    (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
+    accepts."""
     room = min(MAX_DRAFT, r.max_tokens - len(r.output_ids) - 1)
     if r.finish_reason is not None or room <= 0:
-        return []
+        return [], False
     forced = r.matcher.forced_text() if r.matcher is not None else ""
     if forced:
         ids = encode(forced)[:room]
     elif proposer is not None:
         ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     else:
-        return []
-    if r.matcher is None:
-        return ids
-    return ids[: r.matcher.fork().accept_tokens(ids)]
+        return [], False
+    if r.matcher is not None:
+        ids = ids[: r.matcher.fork().accept_tokens(ids)]
+    return ids, bool(forced)
 
 
 def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
@@ -335,10 +339,12 @@ class DecodeLoop:
     forced stretch. Rejected drafts stay in the KV cache, masked out of attention.
 
     ``speculative``: where nothing is forced, draft with a :class:`~constrain.speculative.Proposer`
-    (``True``: :class:`~constrain.speculative.NgramProposer`, prompt lookup), pruned by the grammar,
-    verified the same way. Drafts are deterministic, so "accept while the sampled token equals the
-    draft" accepts with the probability rejection sampling would (p of the draft) and emits exactly
-    plain decoding's distribution (its very tokens, for seeded requests).
+    (``True``, the default: :class:`~constrain.speculative.NgramProposer`, prompt lookup), pruned by
+    the grammar, verified the same way. Drafts are deterministic, so "accept while the sampled token
+    equals the draft" accepts with the probability rejection sampling would (p of the draft) and emits
+    exactly plain decoding's distribution (its very tokens, for seeded requests). Each step feeds only
+    the drafts that pay (:func:`~constrain.speculative.plan_drafts`), from each request's acceptance so
+    far and ``forward_cost`` (default: measured on first use, :func:`~constrain.cost.forward_cost`).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -356,11 +362,13 @@ class DecodeLoop:
         *,
         overlap: bool | None = None,
         jump_forward: bool = True,
-        speculative: bool | Proposer = False,
+        speculative: bool | Proposer = True,
+        forward_cost: cost.ForwardCost | None = None,
     ) -> None:
         self.handle = handle
         self.clock = _Clock(timings)
         self.proposer = resolve_proposer(handle, speculative)
+        self.forward_cost = forward_cost
         self.jump_forward = jump_forward
         self.device = next(handle.model.parameters()).device
         self.overlap = self.device.type != "cpu" if overlap is None else overlap
@@ -370,10 +378,12 @@ class DecodeLoop:
         forward_args = inspect.signature(handle.model.forward).parameters
         # a prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+        self._cache_keyword = cost.cache_keyword(handle.model)
         self.prefixes = PrefixCache()
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
         self._drafts: list[list[int]] = []  # per active row: the drafts fed after its last token
+        self._proposed: list[int] = []  # per active row: how many of its drafts came from the proposer
         self._cache: Any = None
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [b, T]: 0 = padding or rejected draft
         self._input_ids = self._mask  # [b, width]: each row's last token and drafts, for the next forward
@@ -390,7 +400,11 @@ class DecodeLoop:
         return bool(self.active or self.joining)
 
     def add(self, requests: Sequence[InFlight]) -> None:
-        """Queue ``requests`` to join the batch at the next step."""
+        """Queue ``requests`` to join the batch at the next step (their acceptance starts at the
+        proposer's prior)."""
+        if self.proposer is not None:
+            for r in requests:
+                r.acceptance = Acceptance(prior=self.proposer.acceptance_prior)
         self.joining.extend(requests)
 
     def cancel(self, request: InFlight) -> None:
@@ -456,8 +470,8 @@ class DecodeLoop:
                 slots = (torch.tensor(slot_row, device=self.device), torch.tensor(slot_col, device=self.device))
             with _project_only(model, slots) as projected:
                 out = model(input_ids=self._input_ids, attention_mask=self._mask, position_ids=self._positions,
-                            past_key_values=self._cache, use_cache=True)  # fmt: skip
-            self._cache = out.past_key_values
+                            use_cache=True, **{self._cache_keyword: self._cache})  # fmt: skip
+            self._cache = getattr(out, self._cache_keyword)
             if projected:
                 parts.append(out.logits[0])  # [P_running, V]
             else:
@@ -470,15 +484,17 @@ class DecodeLoop:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]  # [g, width - cached]: padding shifts none
             past = self.prefixes.cache(group[0].prompt_ids, cached) if cached else None
             out = model(input_ids=torch.tensor(ids, device=self.device), attention_mask=mask, position_ids=positions,
-                        past_key_values=past, use_cache=True, **self._last_only)  # fmt: skip
+                        use_cache=True, **{self._cache_keyword: past}, **self._last_only)  # fmt: skip
             parts.append(out.logits[:, -1])  # [g, V]
-            if _mergeable(out.past_key_values):
-                self.prefixes.add([r.prompt_ids for r in group], out.past_key_values)
+            cache = getattr(out, self._cache_keyword)
+            if _mergeable(cache):
+                self.prefixes.add([r.prompt_ids for r in group], cache)
             if self.active:
-                self._mask = _merge(self._cache, self._mask, out.past_key_values, mask)
+                self._mask = _merge(self._cache, self._mask, cache, mask)
             else:
-                self._cache, self._mask = out.past_key_values, mask
+                self._cache, self._mask = cache, mask
             self.active, self._drafts = self.active + group, self._drafts + [[] for _ in group]
+            self._proposed += [0] * len(group)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _advance(self, tokens: list[int], logprobs: Any) -> list[int]:
@@ -501,6 +517,7 @@ class DecodeLoop:
             slot += len(drafts) + 1
             if not finished:
                 keep.append(i)
+                r.acceptance.observe(self._proposed[i], min(confirmed, self._proposed[i]))
                 if confirmed < len(drafts):
                     rejected.append((i, confirmed + 1))
         width = 1 + max((len(d) for d in self._drafts), default=0)
@@ -520,10 +537,17 @@ class DecodeLoop:
             self._cache, self._mask = None, self._mask[:0, :0]
         self.active = [self.active[i] for i in keep]
         self._drafts = [self._drafts[i] for i in keep]
+        self._proposed = [self._proposed[i] for i in keep]
 
     def _next_inputs(self) -> None:
-        """Each row's last token and its drafts for the next forward pass."""
-        self._drafts = [_drafts(r, self.encode, self.proposer) if self.jump_forward else [] for r in self.active]
+        """Each row's last token and its drafts for the next forward pass: forced tokens, and the
+        proposer's drafts that pay (:func:`~constrain.speculative.plan_drafts`)."""
+        drafts = [_drafts(r, self.encode, self.proposer) if self.jump_forward else ([], False) for r in self.active]
+        forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
+        offered = [0 if is_forced else len(d) for d, is_forced in drafts]
+        relative = functools.partial(self._relative_cost, len(self.active))
+        self._proposed = plan_drafts(forced, offered, [r.acceptance.rate for r in self.active], relative)
+        self._drafts = [d[: f + n] for (d, _), f, n in zip(drafts, forced, self._proposed, strict=True)]
         width = 1 + max(len(d) for d in self._drafts)
         self._input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
             [[r.output_ids[-1], *d] + [self.pad] * (width - 1 - len(d)) for r, d in zip(self.active, self._drafts,
@@ -533,6 +557,13 @@ class DecodeLoop:
         block = self._mask.new_tensor([[1] * (1 + len(d)) + [0] * (width - 1 - len(d)) for d in self._drafts])
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
+
+    def _relative_cost(self, batch: int, width: int) -> float:
+        """A pass of ``batch`` rows ``width`` tokens wide against one token per row (measures the
+        model's :class:`~constrain.cost.ForwardCost` on first use, unless one was given)."""
+        if self.forward_cost is None:
+            self.forward_cost = cost.forward_cost(self.handle.model)
+        return self.forward_cost.relative(batch, width)
 
 
 @contextlib.contextmanager
@@ -679,10 +710,12 @@ def run(
     *,
     overlap: bool | None = None,
     jump_forward: bool = True,
-    speculative: bool | Proposer = False,
+    speculative: bool | Proposer = True,
+    forward_cost: cost.ForwardCost | None = None,
 ) -> None:
     """Decode every request to its end, as one batch (see :class:`DecodeLoop` for the options)."""
-    loop = DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative)
+    loop = DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
+                      forward_cost=forward_cost)  # fmt: skip
     loop.add(requests)
     while loop.busy:
         loop.step()

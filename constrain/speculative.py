@@ -9,16 +9,22 @@ seeded request, its very tokens.
 
 A proposer sees the request's prompt ids, output ids and a fork of its grammar state; it may drop
 drafts the grammar rejects (the loop prunes them anyway).
+
+Drafts are fed where they pay (:func:`plan_drafts`): each request keeps the share of its drafts
+accepted so far (:class:`Acceptance`), and the loop weighs the tokens a pass of drafts is expected
+to yield against what the wider pass costs (:class:`constrain.cost.ForwardCost`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from constrain.cost import cache_keyword
 from constrain.matcher import allocate_token_bitmask
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
@@ -26,11 +32,29 @@ if TYPE_CHECKING:
     from constrain.matcher import Matcher
     from constrain.models import ModelHandle
 
-__all__ = ["DraftModelProposer", "NgramProposer", "Proposer", "ngram_proposal"]
+__all__ = [
+    "ACCEPTANCE_PRIOR",
+    "Acceptance",
+    "DraftModelProposer",
+    "NgramProposer",
+    "Proposer",
+    "expected_tokens",
+    "ngram_proposal",
+    "plan_drafts",
+]
+
+ACCEPTANCE_PRIOR = 0.5
+"""Share of drafts expected to be accepted before any evidence (the built-in proposers' default)."""
 
 
 class Proposer(Protocol):
-    """Drafts up to ``k`` next tokens of one request (an empty list: no draft this step)."""
+    """Drafts up to ``k`` next tokens of one request (an empty list: no draft this step).
+
+    ``acceptance_prior`` is the share of its drafts expected to be accepted before a request has
+    shown any (see :class:`Acceptance`).
+    """
+
+    acceptance_prior: float
 
     def propose(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int, matcher: Matcher | None
@@ -58,12 +82,20 @@ def ngram_proposal(history: Sequence[int], k: int, n_max: int = NGRAM_MAX) -> li
 
 
 class NgramProposer:
-    """Prompt lookup (:func:`ngram_proposal`) over the prompt and the output so far. Stateless."""
+    """Prompt lookup (:func:`ngram_proposal`) over the prompt and the output so far. Stateless.
 
-    def __init__(self, n_max: int = NGRAM_MAX) -> None:
+    Parameters
+    ----------
+    n_max : int, default: :data:`NGRAM_MAX`
+    acceptance_prior : float, default: :data:`ACCEPTANCE_PRIOR`
+    """
+
+    def __init__(self, n_max: int = NGRAM_MAX, *, acceptance_prior: float = ACCEPTANCE_PRIOR) -> None:
         if n_max < 1:
             raise ValueError(f"n_max must be at least 1, got {n_max}")
+        _check_share("acceptance_prior", acceptance_prior)
         self.n_max = n_max
+        self.acceptance_prior = acceptance_prior
 
     def propose(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int, matcher: Matcher | None
@@ -86,13 +118,18 @@ class DraftModelProposer:
         Most drafts per step (the loop's own cap, ``MAX_DRAFT``, applies as well).
     max_cached : int, default: 64
         Prompts whose draft KV cache is kept.
+    acceptance_prior : float, default: :data:`ACCEPTANCE_PRIOR`
     """
 
-    def __init__(self, model: ModelHandle | Any, *, k: int = 4, max_cached: int = 64) -> None:
+    def __init__(
+        self, model: ModelHandle | Any, *, k: int = 4, max_cached: int = 64, acceptance_prior: float = ACCEPTANCE_PRIOR
+    ) -> None:
         from constrain.models import ModelHandle, load_model
 
         if k < 1 or max_cached < 1:
             raise ValueError(f"k and max_cached must be at least 1, got {k} and {max_cached}")
+        _check_share("acceptance_prior", acceptance_prior)
+        self.acceptance_prior = acceptance_prior
         self.handle = model if isinstance(model, ModelHandle) else load_model(model)
         self.k = k
         self.max_cached = max_cached
@@ -129,10 +166,10 @@ class DraftModelProposer:
             cache, common = DynamicCache(), 0
         elif cache.get_seq_length() > common:
             cache.crop(common - cache.get_seq_length())  # a negative count: the tokens to remove
-        feed, drafts = ids[common:], []
+        feed, drafts, keyword = ids[common:], [], cache_keyword(model)
         with torch.inference_mode():
             for _ in range(min(k, self.k)):
-                out = model(input_ids=torch.tensor([feed], device=device), past_key_values=cache, use_cache=True)
+                out = model(input_ids=torch.tensor([feed], device=device), use_cache=True, **{keyword: cache})
                 logits = out.logits[:, -1].float()  # [1, V_draft]
                 if matcher is not None:
                     logits = logits[:, : matcher.compiled.vocab_size]  # [1, V]: padding ids are never drafted
@@ -148,3 +185,106 @@ class DraftModelProposer:
         while len(self._caches) > self.max_cached:
             self._caches.popitem(last=False)
         return drafts
+
+
+def _check_share(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be within [0, 1], got {value}")
+
+
+@dataclass
+class Acceptance:
+    """How often one request's proposer drafts were accepted so far, for :func:`plan_drafts`.
+
+    Drafts are verified in order and the first rejection ends a pass, so a pass that fed ``d`` drafts
+    and kept ``k`` shows ``k`` acceptances and, when ``k < d``, one rejection (the drafts after it were
+    never tested). :attr:`rate` is the share of acceptances among these trials, ``prior_weight`` trials
+    at ``prior`` included. Every step shrinks the evidence by ``decay``: the rate follows the text (a
+    name copied from the prompt, then free text), and a request whose drafts stopped being fed drifts
+    back to the prior and is tried again.
+
+    Parameters
+    ----------
+    prior : float, default: :data:`ACCEPTANCE_PRIOR`
+        The rate before any evidence, in [0, 1].
+    prior_weight : float, default: 2.0
+        Trials the prior counts for (> 0).
+    decay : float, default: 0.9
+        Weight of the evidence after one more step, in [0, 1] (0.9: about the last 10 steps count).
+    accepted, trials : float, default: 0.0
+        The evidence so far (decayed counts); :meth:`observe` updates them.
+    """
+
+    prior: float = ACCEPTANCE_PRIOR
+    prior_weight: float = 2.0
+    decay: float = 0.9
+    accepted: float = 0.0
+    trials: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_share("prior", self.prior)
+        _check_share("decay", self.decay)
+        if self.prior_weight <= 0 or not 0 <= self.accepted <= self.trials:
+            raise ValueError(
+                f"prior_weight must be positive and 0 <= accepted <= trials, got {self.prior_weight}, "
+                f"{self.accepted} and {self.trials}"
+            )
+
+    @property
+    def rate(self) -> float:
+        """The estimated chance that the next draft is accepted, in [0, 1]."""
+        return (self.accepted + self.prior_weight * self.prior) / (self.trials + self.prior_weight)
+
+    def observe(self, fed: int, accepted: int) -> None:
+        """Record one step in which the request fed ``fed`` proposer drafts (0: none, which only decays
+        the evidence) and kept the first ``accepted`` of them. Mutates this object."""
+        if not 0 <= accepted <= fed:
+            raise ValueError(f"need 0 <= accepted <= fed, got {accepted} of {fed}")
+        self.accepted = self.decay * self.accepted + accepted
+        self.trials = self.decay * self.trials + accepted + (accepted < fed)
+
+
+def expected_tokens(drafts: int, rate: float) -> float:
+    """Tokens a row is expected to gain from a pass that feeds ``drafts`` drafts, each accepted with
+    chance ``rate`` once the ones before it were: ``1 + rate + ... + rate**drafts``, that is
+    ``(1 - rate**(drafts + 1)) / (1 - rate)`` (the sampled token always counts)."""
+    return float(drafts + 1) if rate >= 1.0 else (1.0 - rate ** (drafts + 1)) / (1.0 - rate)
+
+
+def plan_drafts(
+    forced: Sequence[int], offered: Sequence[int], rates: Sequence[float], cost: Callable[[int], float]
+) -> list[int]:
+    """How many of its offered proposer drafts each row of a batch feeds in the next forward pass.
+
+    A row feeds its last token and its drafts, and rows are padded to the widest, so the pass costs
+    ``cost(width)`` times a plain decoding pass whatever each row feeds below that width. The
+    forced tokens of jump-forward (``forced[i]``, offered nothing) are always fed and count as
+    accepted. For each width from the one they need up to the widest offer, every row feeds as many
+    of its drafts as fit (a draft within the width adds no padded position), and the pass is expected
+    to yield ``sum(forced) + sum(expected_tokens(fed[i], rates[i]))`` tokens; the width with the most
+    expected tokens per unit of cost wins, the narrowest on a tie. So drafts are fed only where they
+    beat plain decoding, and one row's drafts may widen the pass only if the whole batch gains.
+    What a draft position costs beyond the width (its logits, sampler and mask) is left out. Pure.
+
+    Parameters
+    ----------
+    forced : per row, the forced tokens it feeds
+    offered : per row, the proposer drafts on offer (0 where tokens are forced)
+    rates : per row, its :attr:`Acceptance.rate`
+    cost : the relative cost of a pass by its width in tokens per row, 1.0 at width 1 (for example
+        ``functools.partial(ForwardCost.relative, forward_cost, batch)``); called only when there is a
+        choice to make
+    """
+    if not len(forced) == len(offered) == len(rates):
+        raise ValueError(f"one entry per row: got {len(forced)}, {len(offered)} and {len(rates)}")
+    need = 1 + max(forced, default=0)
+    widest = 1 + max(offered, default=0)
+    if widest <= need:  # every draft fits in the width the forced tokens need
+        return list(offered)
+
+    def gain(width: int) -> float:
+        drafted = sum(expected_tokens(min(d, width - 1), a) for d, a in zip(offered, rates, strict=True))
+        return (sum(forced) + drafted) / cost(width)
+
+    width = max(range(need, widest + 1), key=gain)
+    return [min(d, width - 1) for d in offered]

@@ -1,4 +1,5 @@
-"""Draft proposers: prompt lookup and a draft model, verified by the loop without changing a token."""
+"""Draft proposers (prompt lookup, a draft model) verified by the loop without changing a token, and
+the policy that feeds their drafts only where they pay: forward cost, acceptance, per-step plan."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import pytest
 import torch
 
 import constrain
+from constrain.cost import ForwardCost, forward_cost, measure_forward_cost
 from constrain.generate import _expand, _run, generate
-from constrain.speculative import DraftModelProposer, NgramProposer, ngram_proposal
+from constrain.speculative import (
+    Acceptance,
+    DraftModelProposer,
+    NgramProposer,
+    expected_tokens,
+    ngram_proposal,
+    plan_drafts,
+)
 
 SCHEMA = {
     "type": "object",
@@ -19,6 +28,9 @@ SCHEMA = {
     "required": ["items", "note"],
     "additionalProperties": False,
 }  # fmt: skip
+
+FREE = ForwardCost(tokens=(1,), seconds=(1.0,))
+"""A device on which a pass costs the same whatever its width: every draft on offer is fed."""
 
 
 def test_ngram_proposal():
@@ -41,7 +53,7 @@ def _random_model(tokenizer, seed: int) -> constrain.ModelHandle:
     return constrain.load_model((LlamaForCausalLM(config), tokenizer))
 
 
-def _decode(handle, specs, speculative):
+def _decode(handle, specs, speculative, cost=FREE):
     """(output ids and texts, forward passes of the target model) of one batched run."""
     requests = [r for spec in specs for r in _expand(handle, spec)]
     calls: list[int] = []
@@ -53,7 +65,7 @@ def _decode(handle, specs, speculative):
 
     handle.model.forward = counted
     try:
-        _run(handle, requests, speculative=speculative)
+        _run(handle, requests, speculative=speculative, forward_cost=cost)
     finally:
         del handle.model.forward
     return [(r.output_ids, r.text) for r in requests], len(calls)
@@ -105,3 +117,123 @@ def test_draft_model_of_another_vocabulary_is_refused_up_front(tiny, sp_tokenize
     assert not calls
     with pytest.raises(ValueError, match="at least 1"):
         DraftModelProposer(tiny, k=0)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0, 0.7) == 1.0  # the sampled token alone
+    assert expected_tokens(2, 0.5) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(3, 1.0) == 4.0
+    assert expected_tokens(3, 0.0) == 1.0
+
+
+def test_plan_feeds_drafts_where_they_are_cheap_and_accepted():
+    assert plan_drafts([0, 0], [4, 2], [0.8, 0.8], lambda width: 1.0) == [4, 2]  # a free pass: all of them
+    assert plan_drafts([0], [4], [0.8], lambda width: 1.0 + 0.01 * (width - 1)) == [4]
+    # at 0.5, a fourth draft adds 1/16 of a token for 5% more cost: three pay
+    assert plan_drafts([0], [6], [0.5], lambda width: 1.0 + 0.05 * (width - 1)) == [3]
+
+
+def test_plan_feeds_none_where_they_are_costly_or_rejected():
+    widths: list[int] = []
+
+    def linear(width: int) -> float:  # a pass costs its width: a draft never pays
+        widths.append(width)
+        return float(width)
+
+    assert plan_drafts([0, 0], [4, 3], [0.9, 0.9], linear) == [0, 0]
+    assert plan_drafts([0], [4], [0.0], lambda width: 1.0 + 0.01 * (width - 1)) == [0]  # never accepted
+    assert plan_drafts([0], [4], [0.0], lambda width: 1.0) == [0]  # a tie: the narrowest pass
+    widths.clear()
+    assert plan_drafts([3, 0], [0, 2], [0.5, 0.1], linear) == [0, 2] and not widths  # no choice: no cost asked
+
+
+def test_plan_shares_the_width_of_the_batch():
+    cost = ForwardCost(tokens=(1, 8, 64), seconds=(1.0, 1.1, 4.0))  # flat up to 8 tokens, then steep
+    # the same row is worth drafting for alone (one draft: 1.4% more cost), not beside 7 others
+    assert plan_drafts([0], [3], [0.3], functools.partial(cost.relative, 1))[0] > 0
+    assert plan_drafts([0] * 8, [3] * 8, [0.3] * 8, functools.partial(cost.relative, 8)) == [0] * 8
+    # forced tokens widen the pass anyway: drafts up to that width ride along, none beyond it pays
+    assert plan_drafts([4, 0, 0], [0, 2, 9], [0.5, 0.1, 0.1], float) == [0, 2, 4]  # cost: the width
+    # one accepting row may widen the pass only if the whole batch gains
+    assert plan_drafts([0] * 8, [4] + [0] * 7, [0.9] + [0.0] * 7, functools.partial(cost.relative, 8)) == [0] * 8
+    with pytest.raises(ValueError, match="one entry per row"):
+        plan_drafts([0], [1, 2], [0.5, 0.5], cost.relative)
+
+
+def test_acceptance_follows_the_drafts_kept():
+    a = Acceptance(prior=0.5)
+    assert a.rate == 0.5  # no evidence: the prior
+    for _ in range(5):
+        a.observe(fed=4, accepted=4)  # every draft kept
+    high = a.rate
+    assert high > 0.85
+    for _ in range(20):
+        a.observe(fed=4, accepted=0)  # the first draft rejected: one trial, no acceptance
+    assert a.rate < 0.5 < high
+    a.observe(fed=3, accepted=1)  # kept one, then a rejection: 1 of 2 trials
+    low = a.rate
+    for _ in range(100):
+        a.observe(fed=0, accepted=0)  # no drafts fed: the evidence fades back to the prior
+    assert low < a.rate == pytest.approx(0.5, abs=1e-3)
+    with pytest.raises(ValueError, match="accepted <= fed"):
+        a.observe(fed=1, accepted=2)
+    for bad in ({"prior": 1.5}, {"decay": -0.1}, {"prior_weight": 0.0}, {"accepted": 2.0, "trials": 1.0}):
+        with pytest.raises(ValueError):
+            Acceptance(**bad)
+    with pytest.raises(ValueError, match="acceptance_prior"):
+        NgramProposer(acceptance_prior=2.0)
+
+
+def test_forward_cost_table():
+    cost = ForwardCost(tokens=(1, 5), seconds=(1.0, 2.0))
+    assert cost.seconds_for(3) == 1.5 and cost.seconds_for(9) == 3.0  # between the points, and past the last
+    assert cost.relative(1, 1) == 1.0 and cost.relative(2, 2) == pytest.approx(1.75 / 1.25)
+    assert FREE.relative(8, 17) == 1.0
+    for tokens, seconds in (((2, 4), (1.0, 2.0)), ((1, 1), (1.0, 1.0)), ((1, 4), (2.0, 1.0)), ((1,), (0.0,)),
+                            ((1, 4), (1.0,)), ((), ())):  # fmt: skip
+        with pytest.raises(ValueError):
+            ForwardCost(tokens, seconds)
+
+
+def test_forward_cost_is_measured_once_per_model(smol_tokenizer):
+    handle = _random_model(smol_tokenizer, seed=3)
+    calls: list[int] = []
+    original = handle.model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    handle.model.forward = counted
+    try:
+        measured = measure_forward_cost(handle.model)
+        assert len(calls) >= 1 + 2 * 2  # the context, then two sizes at least, twice each
+        assert measured.tokens[0] == 1 and len(measured.tokens) >= 2
+        assert all(s > 0 for s in measured.seconds)
+        assert list(measured.seconds) == sorted(measured.seconds)
+        assert 1.0 <= measured.relative(1, 2) <= measured.relative(1, 16)
+        first = forward_cost(handle.model)
+        calls.clear()
+        assert forward_cost(handle.model) is first and not calls  # cached: no forward pass
+    finally:
+        del handle.model.forward
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"seed": 4}, {"seed": 9, "top_p": 0.8, "logprobs": 1}])
+def test_default_speculation_changes_no_token(tiny, sampling):
+    """Speculation is on by default (measured cost, n-gram drafts) and yields plain decoding's tokens;
+    so it does where drafts are free and all are fed (a run of two letters repeats, so prompt lookup
+    drafts it: greedy decoding then takes fewer passes, and the request has evidence of acceptance)."""
+    specs = [constrain.Request("Letters:", regex=r"[ab]{40}", sampling=sampling),
+             constrain.Request("JSON:", schema=SCHEMA, max_tokens=50, sampling=sampling),
+             constrain.Request("Free text:", max_tokens=12, sampling=sampling)]  # fmt: skip
+    plain, plain_passes = _decode(tiny, specs, False)
+    default = [(r.token_ids, r.text) for r in generate(tiny, specs)]
+    given = [(r.token_ids, r.text) for r in generate(tiny, specs, forward_cost=FREE)]
+    free, free_passes = _decode(tiny, specs, True)
+    assert default == plain == given == free
+    if sampling.get("temperature") == 0:
+        assert free_passes < plain_passes, (free_passes, plain_passes)
+    letters = _expand(tiny, specs[0])
+    _run(tiny, letters, forward_cost=FREE)
+    assert letters[0].acceptance.trials > 0
