@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "gguf_path",
     "load_model",
     "load_tokenizer",
+    "prepack_linears",
 ]
 
 
@@ -169,6 +171,87 @@ def default_dtype(device: Any) -> Any:
     return torch.float32
 
 
+class _PrepackedLinear:
+    """The forward of one ``torch.nn.Linear`` on the CPU, through oneDNN with its weight packed once.
+
+    ``F.linear`` hands oneDNN's matmul the weight in its plain layout at every call. Here it is
+    reordered once into the blocked layout oneDNN's kernels read (``torch.ops.mkldnn._reorder_linear_weight``,
+    as inductor's freezing does; ``AB16b64a2b`` for bfloat16 on AVX-512) and kept beside the weight,
+    which stays the module's parameter. The packed copy is remade when the weight changes (replaced,
+    moved, cast, or updated in place other than through ``.data``). A call oneDNN cannot serve this
+    way (weight off the CPU or neither float32 nor bfloat16, bfloat16 on a CPU without AVX-512, input
+    of another dtype, autograd recording, ``torch.compile`` tracing) is plain ``F.linear``. Copies
+    and pickles carry the module, not the packed copy (remade at their first call).
+    """
+
+    __slots__ = ("_key", "_module", "_packed")
+
+    def __init__(self, module: Any) -> None:
+        self._module = weakref.ref(module)  # the module holds this forward: no reference cycle
+        self._packed: Any = None
+        self._key: tuple[int, int, Any] | None = None  # the weight's (address, version, dtype) when packed
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        module: Any = self._module()  # alive: it is the caller
+        weight, bias = module.weight, module.bias
+        if (
+            weight.device.type != "cpu"
+            or weight.dtype not in (torch.bfloat16, torch.float32)
+            or x.dtype != weight.dtype
+            or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+            or torch.compiler.is_compiling()
+        ):
+            return F.linear(x, weight, bias)
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        if key != self._key:
+            self._key = key
+            try:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+            except RuntimeError:  # this CPU has no oneDNN kernel for the dtype (bfloat16 needs AVX-512)
+                self._packed = None
+        if self._packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_PrepackedLinear, (self._module(),))
+
+
+def prepack_linears(model: Any) -> int:
+    """Run every ``torch.nn.Linear`` of ``model`` through :class:`_PrepackedLinear` (its weights
+    packed now); returns how many. Changes the modules' ``forward``, not their parameters.
+
+    Measured with SmolLM2-135M in bfloat16 on this project's 2-core AVX512-BF16 CPU, 1 thread
+    (``bench/forward.py``): a decode step took 35 ms against 51 at batch 1 and 42 against 63 at
+    batch 8, with the same logits; the packed copies take as much memory again as the linear
+    weights. In float32 the gain was 5-10% (MKL's GEMM serves plain ``F.linear`` there).
+    """
+    import torch
+
+    count = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and not isinstance(module.forward, _PrepackedLinear):
+            forward = _PrepackedLinear(module)
+            module.forward = forward  # type: ignore[method-assign,assignment]
+            with torch.no_grad():
+                forward(module.weight.new_zeros(1, module.in_features))  # packs now, not in the first step
+            count += 1
+    return count
+
+
+def _prepacks(model: Any, device: Any) -> bool:
+    """Whether :func:`load_model` prepacks by default: bfloat16 weights on a CPU that multiplies
+    bfloat16 natively (elsewhere oneDNN's bfloat16 kernels are emulated, and float32 gains little)."""
+    import torch
+
+    if torch.device(device).type != "cpu" or getattr(model, "dtype", None) != torch.bfloat16:
+        return False
+    return bool(torch.backends.mkldnn.is_available() and default_dtype("cpu") == torch.bfloat16)  # type: ignore[no-untyped-call]
+
+
 def _load_converted(folder: Path, dtype: Any) -> Any:
     from safetensors.torch import load_model as load_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -201,7 +284,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> Any:
     return model
 
 
-def load_model(name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "cpu") -> ModelHandle:
+def load_model(
+    name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "cpu", prepack: bool | None = None
+) -> ModelHandle:
     """A model and its tokenizer: a packaged model's name (default SmolLM2-135M-Instruct), a ``.gguf``
     file, a local Hugging Face model folder, or a ``(model, tokenizer)`` pair.
 
@@ -214,6 +299,9 @@ def load_model(name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "
     dtype : torch dtype or "auto", default: "auto" (:func:`default_dtype` of ``device``); a
         ``(model, tokenizer)`` pair keeps its own dtype unless one is given
     device : torch device or str, default: "cpu"
+    prepack : bool or None, default: None (where bfloat16 weights meet a CPU that multiplies
+        bfloat16 natively); run the linear layers with their weights packed once for oneDNN
+        (:func:`prepack_linears`: a decode step about 30% faster, the linear weights' memory twice)
     """
     from transformers import AutoModelForCausalLM
 
@@ -243,4 +331,6 @@ def load_model(name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "
             model = _convert_gguf(gguf, folder).to(dtype)
         name = str(name_or_path or DEFAULT_MODEL)
     model = model.to(device).eval()
+    if _prepacks(model, device) if prepack is None else prepack:
+        prepack_linears(model)
     return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
-from constrain.models import ModelNotFoundError, cache_dir
+from constrain.models import ModelNotFoundError, _PrepackedLinear, cache_dir, default_dtype, prepack_linears
 
 
 def test_default_model_loads_and_runs():
@@ -39,3 +41,70 @@ def test_missing_models_say_what_to_do():
         constrain.load_model("/nowhere/model.bin")
     with pytest.raises(ValueError, match="pair"):
         constrain.load_model((1, 2, 3))
+
+
+def _tiny_llama(dtype):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linears_give_the_plain_forward(dtype):
+    plain = _tiny_llama(dtype)
+    packed = copy.deepcopy(plain)
+    assert prepack_linears(packed) == 2 * 7 + 1 and prepack_linears(packed) == 0  # once per layer
+    ids = torch.randint(0, 256, (3, 9))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    with torch.inference_mode():
+        expected, got = plain(ids, use_cache=True), packed(ids, use_cache=True)  # prefill
+        torch.testing.assert_close(got.logits, expected.logits)
+        step = {"input_ids": ids[:, :1], "attention_mask": mask, "position_ids": mask.sum(-1, keepdim=True) - 1}
+        torch.testing.assert_close(packed(**step, cache=got.cache).logits, plain(**step, cache=expected.cache).logits)
+
+
+def test_prepacked_linears_follow_their_weights():
+    plain = _tiny_llama(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    prepack_linears(packed)
+    ids = torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        for model in (plain, packed):
+            model.model.layers[0].mlp.down_proj.weight.mul_(2)  # in place
+        torch.testing.assert_close(packed(ids).logits, plain(ids).logits)
+        again = copy.deepcopy(packed)  # carries the module, repacks at its first call
+        assert isinstance(again.lm_head.forward, type(packed.lm_head.forward))
+        torch.testing.assert_close(again(ids).logits, plain(ids).logits)
+        torch.testing.assert_close(packed.float()(ids).logits, plain.float()(ids).logits)  # cast: repacked
+    packed(ids).logits.sum().backward()  # autograd recording: plain F.linear
+    assert packed.lm_head.weight.grad is not None
+
+
+def test_load_model_prepacks_bfloat16_on_a_native_cpu(smol_tokenizer):
+    native = default_dtype("cpu") == torch.bfloat16
+    handle = constrain.load_model((_tiny_llama(torch.bfloat16), smol_tokenizer))
+    assert isinstance(handle.model.lm_head.forward, _PrepackedLinear) == native
+    handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer))
+    assert not isinstance(handle.model.lm_head.forward, _PrepackedLinear)
+    handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer), prepack=True)
+    assert isinstance(handle.model.lm_head.forward, _PrepackedLinear)
+
+
+def test_prepacked_linears_fall_back_where_onednn_cannot_pack(monkeypatch):
+    plain = _tiny_llama(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+
+    refused = []
+
+    def refuse(weight):
+        refused.append(weight.shape)
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)  # as on an AVX2-only CPU
+    prepack_linears(packed)
+    ids = torch.randint(0, 256, (2, 5))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, plain(ids).logits)
+    assert len(refused) == 15  # tried once per layer, at prepack_linears
