@@ -3,6 +3,7 @@ the policy that feeds their drafts only where they pay: forward cost, acceptance
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -53,21 +54,28 @@ def _random_model(tokenizer, seed: int) -> constrain.ModelHandle:
     return constrain.load_model((LlamaForCausalLM(config), tokenizer))
 
 
-def _decode(handle, specs, speculative, cost=FREE):
-    """(output ids and texts, forward passes of the target model) of one batched run."""
-    requests = [r for spec in specs for r in _expand(handle, spec)]
+@contextlib.contextmanager
+def _counted_forward(model):
+    """Counts ``model.forward`` calls into the list it yields, while the block runs."""
     calls: list[int] = []
-    original = handle.model.forward
+    original = model.forward
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    handle.model.forward = counted
+    model.forward = counted
     try:
-        _run(handle, requests, speculative=speculative, forward_cost=cost)
+        yield calls
     finally:
-        del handle.model.forward
+        del model.forward
+
+
+def _decode(handle, specs, speculative, cost=FREE):
+    """(output ids and texts, forward passes of the target model) of one batched run."""
+    requests = [r for spec in specs for r in _expand(handle, spec)]
+    with _counted_forward(handle.model) as calls:
+        _run(handle, requests, speculative=speculative, forward_cost=cost)
     return [(r.output_ids, r.text) for r in requests], len(calls)
 
 
@@ -197,15 +205,7 @@ def test_forward_cost_table():
 
 def test_forward_cost_is_measured_once_per_model(smol_tokenizer):
     handle = _random_model(smol_tokenizer, seed=3)
-    calls: list[int] = []
-    original = handle.model.forward
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    handle.model.forward = counted
-    try:
+    with _counted_forward(handle.model) as calls:
         measured = measure_forward_cost(handle.model)
         assert len(calls) >= 1 + 2 * 2  # the context, then two sizes at least, twice each
         assert measured.tokens[0] == 1 and len(measured.tokens) >= 2
@@ -215,8 +215,6 @@ def test_forward_cost_is_measured_once_per_model(smol_tokenizer):
         first = forward_cost(handle.model)
         calls.clear()
         assert forward_cost(handle.model) is first and not calls  # cached: no forward pass
-    finally:
-        del handle.model.forward
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"seed": 4}, {"seed": 9, "top_p": 0.8, "logprobs": 1}])
