@@ -21,10 +21,12 @@ from constrain.constraints import (
 from constrain.cost import ForwardCost
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.errors import (
+    BeamSearchError,
     BudgetError,
     CompileError,
     ConstraintError,
     GrammarError,
+    ReasoningError,
     RegexError,
     SchemaError,
     ToolError,
@@ -34,7 +36,9 @@ from constrain.export import export_model
 from constrain.generate import Request, agenerate, astream, generate, stream
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
-from constrain.results import GenerationResult, StreamEvent, Usage
+from constrain.partial import PartialJson, resolve
+from constrain.reasoning import Reasoning
+from constrain.results import Beam, GenerationResult, StreamEvent, Usage
 from constrain.schema import CoverageEntry
 from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
 from constrain.stopping import StopText, StopUpdate
@@ -57,6 +61,8 @@ from constrain.tools import (
 from sampler import SamplingParams, sample
 
 __all__ = [
+    "Beam",
+    "BeamSearchError",
     "BudgetError",
     "ChatDelta",
     "ChatResult",
@@ -78,7 +84,10 @@ __all__ = [
     "ModelNotFoundError",
     "NgramProposer",
     "ParsedReply",
+    "PartialJson",
     "Proposer",
+    "Reasoning",
+    "ReasoningError",
     "Regex",
     "RegexError",
     "Request",
@@ -113,6 +122,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "regex",
+    "resolve",
     "sample",
     "stream",
     "tokenizer_info",

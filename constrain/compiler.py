@@ -7,6 +7,7 @@ tokenizer) pair; per-request state lives in :class:`~constrain.matcher.Matcher`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -447,12 +448,22 @@ def compile(
     key = (constraint, info.fingerprint, engine)
     build = {"xgrammar": _build, "llguidance": _build_llguidance, "auto": _build_auto}[engine]
     if timeout_s is None:
-        return _cache.get_or_create(key, lambda: build(constraint, info))
+        return _own_type(_cache.get_or_create(key, lambda: build(constraint, info)), constraint)
     future = _budget_pool.submit(_cache.get_or_create, key, lambda: build(constraint, info))
     try:
-        return future.result(timeout=timeout_s)
+        return _own_type(future.result(timeout=timeout_s), constraint)
     except FutureTimeout as err:
         raise CompileError(f"compiling took longer than the budget of {timeout_s:g} s") from err
+
+
+def _own_type(compiled: CompiledConstraint, constraint: Constraint) -> CompiledConstraint:
+    """``compiled`` for ``constraint``: the cache compares JSON schemas without their Python type, so
+    ``schema=Model`` and ``schema=Model.model_json_schema()`` share a grammar, not a type (the result's
+    ``value`` is built from it). The copy shares everything else, its closing cache included."""
+    mine = getattr(constraint, "python_type", None)
+    if getattr(compiled.constraint, "python_type", None) is mine:
+        return compiled
+    return dataclasses.replace(compiled, constraint=constraint)
 
 
 def cache_stats() -> dict[str, int]:

@@ -60,8 +60,8 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
         delta = new_text[len(prefix_text) :]
-        if not delta or _REPLACEMENT in delta or not new_text.startswith(prefix_text):
-            return ""  # an incomplete (or invalid) UTF-8 sequence: wait until it resolves, or finish()
+        if not delta or delta.endswith(_REPLACEMENT) or not new_text.startswith(prefix_text):
+            return ""  # an incomplete UTF-8 sequence at the end: wait until it resolves, or finish()
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self.text += delta
         return delta

@@ -82,3 +82,16 @@ class ToolError(ConstraintError, ValueError):
     def __init__(self, tool: str, message: str) -> None:
         self.tool = tool
         super().__init__(f"tool {tool!r}: {message}" if tool else f"tool definition: {message}")
+
+
+class ReasoningError(ConstraintError, ValueError):
+    """A ``reasoning=`` option that cannot be used: a bad key or value, or a thinking budget the tags
+    alone fill (names the key)."""
+
+
+class BeamSearchError(ConstraintError, ValueError):
+    """An argument beam search cannot take; ``field`` names it (a server's ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")

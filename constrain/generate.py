@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from constrain.beams import BeamSearch, check_beam_options, check_sampling
 from constrain.compiler import compile
 from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
 from constrain.cost import ForwardCost
 from constrain.detokenizer import IncrementalDetokenizer
+from constrain.errors import BeamSearchError
 from constrain.loop import InFlight, resolve_proposer
 from constrain.loop import run as _run
 from constrain.models import ModelHandle, load_model
+from constrain.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
 from constrain.results import GenerationResult, StreamEvent
 from constrain.speculative import Proposer
 from constrain.stopping import StopText
+from constrain.tokenizer import tokenizer_info
 from sampler import InvalidSamplingParamsError, SamplingParams
 
 __all__ = ["Request", "agenerate", "astream", "generate", "stream"]
@@ -82,6 +86,9 @@ class Request:
     n: int = 1
     close_in_budget: bool = True
     repetition_guard: bool | None = None
+    reasoning: Any = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,6 +116,7 @@ def _expand(handle: ModelHandle, spec: Request) -> list[InFlight]:
     ids = _prompt_ids(handle, spec.prompt)
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens; the model's context window is {limit}")
+    thinking = _thinking(handle, spec, ids, encode)
     out = []
     for k in range(spec.n):
         row_params = params
@@ -126,9 +134,50 @@ def _expand(handle: ModelHandle, spec: Request) -> list[InFlight]:
                 context_limit=limit,
                 encode=encode if spec.close_in_budget else None,
                 repetition_guard=spec.repetition_guard if spec.repetition_guard is not None else compiled is not None,
+                thinking=thinking(),
             )
         )
     return out
+
+
+def _thinking(
+    handle: ModelHandle, spec: Request, prompt_ids: list[int], encode: Callable[[str], list[int]]
+) -> Callable[[], Thinking | None]:
+    """A maker of the request's :class:`Thinking` (one per completion), checked now."""
+    options = reasoning_options(spec.reasoning)
+    if options is None:
+        return lambda: None
+    start, end = template_tags(handle.tokenizer)
+    tags = (options.start or start, options.end or end)
+    info = tokenizer_info(handle.tokenizer, vocab_size=handle.vocab_size, eos_token_ids=list(handle.eos_token_ids))
+    opened = prompt_opens(handle.tokenizer, prompt_ids, tags[0])
+    special = list(getattr(handle.tokenizer, "all_special_ids", []))
+
+    def make() -> Thinking:
+        return Thinking(info, tags, options.max_tokens or spec.max_tokens, encode, opened=opened,
+                        eos=handle.eos_token_ids, special_ids=special)  # fmt: skip
+
+    make()  # a budget too small for the tags raises here
+    return make
+
+
+def _beams(handle: ModelHandle, spec: Request) -> BeamSearch:
+    """The beam search of ``spec`` (any ``num_beams``), every argument checked: see :mod:`constrain.beams`."""
+    check_beam_options(spec.num_beams, spec.length_penalty)
+    check_sampling(spec.sampling)
+    for name in ("stop", "stop_regex", "reasoning"):
+        if getattr(spec, name):
+            raise BeamSearchError(name, "beam search takes no stop strings or reasoning: end the output with a grammar")
+    one = _expand(handle, replace(spec, n=1, sampling={}, close_in_budget=False, repetition_guard=False))[0]
+    room = min(spec.max_tokens, one.context_limit - len(one.prompt_ids))
+    return BeamSearch(handle, one.prompt_ids, one.compiled, num_beams=spec.num_beams,
+                      length_penalty=spec.length_penalty, max_tokens=room, n=spec.n)  # fmt: skip
+
+
+def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
+    """How ``spec`` runs: its ``n`` completions in the batch, or a beam search (``num_beams > 1``)."""
+    check_beam_options(spec.num_beams, spec.length_penalty)
+    return _beams(handle, spec) if spec.num_beams > 1 else _expand(handle, spec)
 
 
 def _specs(prompt: Any, template: dict[str, Any]) -> tuple[list[Request], bool]:
@@ -160,6 +209,9 @@ def generate(
     n: int = 1,
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
+    reasoning: Any = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
     jump_forward: bool = True,
     speculative: bool | Proposer = True,
     forward_cost: ForwardCost | None = None,
@@ -181,6 +233,15 @@ def generate(
         ``finish_reason="length"``); :class:`BudgetError` up front when nothing fits at all.
     repetition_guard : bool or None, default: None (on when constrained)
         Forbid the separator after a JSON item repeated 3 times in a row (``guard_steps``).
+    reasoning : bool, dict, Reasoning or None, default: None
+        Think first, then answer: the model writes freely between the thinking tags (the chat
+        template's, or given), the constraint applies from the end tag on. ``{"max_tokens": N}``
+        bounds the thinking (the end tag is forced when it runs out). See :mod:`constrain.reasoning`.
+    num_beams : int, default: 1
+        Beam search under the constraint when > 1: every finished beam is complete and valid
+        (``GenerationResult.beams``, best first); ``n`` then returns the ``n`` best. See :mod:`constrain.beams`.
+    length_penalty : float, default: 1.0
+        Beams are ranked by ``logprob / max(tokens, 1) ** length_penalty`` (tokens: EOS excluded).
     jump_forward : bool, default: True
         Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
         as without it, in fewer passes).
@@ -211,13 +272,15 @@ def generate(
     template = dict(
         schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
         max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, close_in_budget=close_in_budget,
-        repetition_guard=repetition_guard, sampling=sampling,
+        repetition_guard=repetition_guard, reasoning=reasoning, num_beams=num_beams, length_penalty=length_penalty,
+        sampling=sampling,
     )  # fmt: skip
     specs, single = _specs(prompt, template)
-    expanded = [_expand(handle, spec) for spec in specs]  # every error surfaces before any forward
+    plans = [_plan(handle, spec) for spec in specs]  # every error surfaces before any forward
+    expanded = [plan for plan in plans if not isinstance(plan, BeamSearch)]
     _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative,
          forward_cost=forward_cost)  # fmt: skip
-    results = [[r.result() for r in group] for group in expanded]
+    results = [p.run() if isinstance(p, BeamSearch) else [r.result() for r in p] for p in plans]  # searches one by one
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
     return flat[0] if single else flat
 
@@ -236,6 +299,7 @@ def stream(
     stop_regex: Sequence[str] | str | None = None,
     close_in_budget: bool = True,
     repetition_guard: bool | None = None,
+    reasoning: Any = None,
     jump_forward: bool = True,
     speculative: bool | Proposer = True,
     forward_cost: ForwardCost | None = None,
@@ -248,11 +312,13 @@ def stream(
     template = dict(
         schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
         max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, close_in_budget=close_in_budget,
-        repetition_guard=repetition_guard, sampling=sampling,
+        repetition_guard=repetition_guard, reasoning=reasoning, sampling=sampling,
     )  # fmt: skip
     specs, single = _specs(prompt, template)
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
+    if "num_beams" in sampling or specs[0].num_beams != 1:
+        raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
     requests = _expand(handle, specs[0])
     resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
     queue: list[Any] = []

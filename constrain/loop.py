@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -30,13 +31,15 @@ from constrain.constraints import JsonSchema
 from constrain.detokenizer import IncrementalDetokenizer
 from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
 from constrain.models import ModelHandle
+from constrain.partial import PartialJson
+from constrain.reasoning import Thinking
 from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
 from constrain.speculative import Acceptance, DraftModelProposer, NgramProposer, Proposer, plan_drafts
 from constrain.stopping import StopText
 from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
-__all__ = ["DecodeLoop", "InFlight", "MaskFilter", "PrefixCache", "resolve_proposer", "run"]
+__all__ = ["DecodeLoop", "InFlight", "MaskFilter", "PrefixCache", "check_output", "resolve_proposer", "run"]
 
 GUARD_WINDOW = 4096
 """Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
@@ -75,6 +78,7 @@ class InFlight:
     context_limit: int
     on_event: Callable[[StreamEvent], None] | None = None
     partials: bool = True  # events carry the partial JSON value (a parse of the whole text, per token)
+    typed: PartialJson | None = None  # with partials and a JSON schema: the events' typed value (constrain.partial)
     encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
     repetition_guard: bool = False
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its proposer drafts (its loop sets the prior)
@@ -82,6 +86,8 @@ class InFlight:
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
     mask_filter: MaskFilter | None = None  # the constraint's own (tools: RepeatedCallFilter)
+    thinking: Thinking | None = None  # with reasoning: the thinking before the answer (constrain.reasoning)
+    answer_start: int = 0  # output_ids[answer_start:] are the answer's (the rest the thinking's)
     generated: str = ""  # the last GUARD_WINDOW characters, before stop strings hold any back
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -105,13 +111,40 @@ class InFlight:
 
     def _emit(self, text: str, token_ids: list[int]) -> None:
         self.text += text
-        if self.on_event is not None and (text or token_ids):
-            partial = _partial(self.compiled, self.text) if self.partials else None
-            self.on_event(StreamEvent(text, token_ids, partial))
+        if self.on_event is None:
+            return
+        partial, value = None, None
+        completed: tuple[str, ...] = ()
+        constraint = self.compiled.constraint if self.compiled is not None else None
+        if self.partials and isinstance(constraint, JsonSchema):
+            if self.typed is None:
+                self.typed = PartialJson(constraint.python_type)
+            completed = self.typed.feed(text, final=self.finish_reason is not None)  # finish() sets it first
+            partial, value = _partial(self.compiled, self.text), self.typed.value
+        if text or token_ids or completed:
+            self.on_event(StreamEvent(text, token_ids, partial, value=value, completed=completed))
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the request is still thinking (the constraint does not apply yet)."""
+        return self.thinking is not None and self.thinking.open
+
+    @property
+    def answer_tokens(self) -> int:
+        return len(self.output_ids) - self.answer_start
+
+    def _emit_reasoning(self, delta: str, token_ids: list[int]) -> None:
+        if self.on_event is not None and (delta or token_ids):
+            self.on_event(StreamEvent(delta, token_ids, part="reasoning"))
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         self.finish_reason, self.error = reason, error
         if reason == "stop" and self.stop_hit:
+            self._emit("", [])  # the text is final (a trailing number completes)
+            return
+        if self.thinking is not None and self.thinking.open:  # ended while thinking: the rest is thinking
+            self.thinking.feed(-1, self.detok.finish())
+            self._emit_reasoning(self.thinking.flush(), [])
             return
         update = self.stop.feed(self.detok.finish())
         if update.stopped:
@@ -129,8 +162,10 @@ class InFlight:
         if token in self.eos:
             self.finish("stop")
             return True
+        if self.thinks:
+            return self._think(token)
         if self.budget is not None:
-            vetted = self.budget.vet(token, self.max_tokens - len(self.output_ids))
+            vetted = self.budget.vet(token, self.max_tokens - self.answer_tokens)
             if vetted is None:  # complete, and only ending keeps it within the budget
                 self.finish("length")
                 return True
@@ -153,9 +188,32 @@ class InFlight:
             self.finish("stop")
         elif self.matcher is not None and self.matcher.is_completed() and not self.matcher.can_continue():
             self.finish("stop")
-        elif (
-            len(self.output_ids) >= self.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= self.context_limit
-        ):
+        elif self.answer_tokens >= self.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= self.context_limit:
+            self.finish("length")
+        return self.finish_reason is not None
+
+    def _think(self, token: int) -> bool:
+        """Take a token of the thinking; at the end tag, the answer starts (with the text after it)."""
+        assert self.thinking is not None
+        self.output_ids.append(token)
+        delta, answer = self.thinking.feed(token, self.detok.add(token))
+        self._emit_reasoning(delta, [token])
+        if answer is not None:
+            self.answer_start = len(self.output_ids)
+            if answer and self.matcher is not None and not self.matcher.accept_string(answer):
+                self.finish("error", f"the grammar rejected {answer!r}, written after the end of the thinking")
+                return True
+            if answer:
+                self.generated = answer[-GUARD_WINDOW:]
+                if self.mask_filter is not None:
+                    self.mask_filter.feed(answer)
+                update = self.stop.feed(answer)
+                self._emit(update.text, [])
+                if update.stopped:
+                    self.stop_hit = True
+                    self.finish("stop")
+                    return True
+        if len(self.prompt_ids) + len(self.output_ids) >= self.context_limit:
             self.finish("length")
         return self.finish_reason is not None
 
@@ -170,7 +228,7 @@ class InFlight:
         forced = self.budget.forced if self.budget is not None else 0
         if forced:  # the closing path ended it: complete, but cut short by the budget
             self.finish_reason = "length"
-        violations, value = _check(self.compiled, self.text)
+        violations, value = check_output(self.compiled, self.text)
         if self.finish_reason == "error" and not violations:
             violations = [self.error or "generation failed"]
         dead_ends = self.matcher.dead_ends if self.matcher is not None else []
@@ -185,7 +243,11 @@ class InFlight:
             value=value,
             finish_reason=self.finish_reason,
             token_ids=list(self.output_ids),
-            usage=Usage(len(self.prompt_ids), len(self.output_ids)),
+            usage=Usage(
+                len(self.prompt_ids),
+                len(self.output_ids),
+                self.answer_start if not self.thinks else len(self.output_ids),
+            ),
             violations=violations,
             logprobs=self.logprobs if asked else None,
             top_logprobs=self.top_logprobs if asked and self.params.logprobs else None,
@@ -193,6 +255,7 @@ class InFlight:
             closed_early=forced > 0,
             forced_tokens=forced + (self.budget.steered if self.budget is not None else 0),
             guard_steps=self.guard.steps if self.guard is not None else 0,
+            reasoning=self.thinking.text if self.thinking is not None else None,
         )
 
 
@@ -207,7 +270,7 @@ def _partial(compiled: CompiledConstraint | None, text: str) -> Any:
         return None
 
 
-def _check(compiled: CompiledConstraint | None, text: str) -> tuple[list[str], Any]:
+def check_output(compiled: CompiledConstraint | None, text: str) -> tuple[list[str], Any]:
     """(violations, value) of the finished text."""
     if compiled is None:
         return [], text
@@ -262,14 +325,20 @@ def _masks(
     decode: Callable[[list[int]], str],
 ) -> tuple[list[int], torch.Tensor | None]:  # (constrained slots, [c, ceil(V / 32)] int32 on the CPU)
     """The bitmasks of every constrained slot: slot ``(i, j)`` is row ``i`` after its first ``j`` drafts
-    (slots numbered row by row), repetition guard and mask filter applied. Changes no matcher (drafts
-    go to forks)."""
-    matchers: list[Matcher] = []
+    (slots numbered row by row), repetition guard and mask filter applied; a thinking row's mask is its
+    :class:`~constrain.reasoning.Thinking`'s. Changes no matcher (drafts go to forks)."""
+    matchers: list[tuple[int, Matcher]] = []  # (mask row, the matcher at that slot)
+    thinking: list[tuple[int, Thinking]] = []  # (mask row, the row's thinking)
     slots: list[int] = []
     guarded: list[tuple[int, RepetitionGuard, str]] = []  # (mask row, the row's guard, its recent text)
     filtered: list[tuple[int, MaskFilter, str]] = []  # (mask row, the row's filter, its drafts' text)
     slot = 0
     for i, r in enumerate(active):
+        if r.thinking is not None and r.thinking.open:  # (no drafts while thinking)
+            thinking.append((len(slots), r.thinking))
+            slots.append(slot)
+            slot += 1
+            continue
         state = r.matcher
         for j in range(len(drafts[i]) + 1):
             if state is not None:
@@ -277,20 +346,28 @@ def _masks(
                     state = state.fork()
                     state.accept_token(drafts[i][j - 1])
                 if r.guard is not None:
-                    guarded.append((len(matchers), r.guard, r.generated + decode(drafts[i][:j]) if j else r.generated))
+                    guarded.append((len(slots), r.guard, r.generated + decode(drafts[i][:j]) if j else r.generated))
                 if r.mask_filter is not None:
-                    filtered.append((len(matchers), r.mask_filter, decode(drafts[i][:j]) if j else ""))
-                matchers.append(state)
+                    filtered.append((len(slots), r.mask_filter, decode(drafts[i][:j]) if j else ""))
+                matchers.append((len(slots), state))
                 slots.append(slot)
             slot += 1
     if not slots:
         return slots, None
     bitmask = allocate_token_bitmask(len(slots), vocab)
-    fill_next_token_bitmasks(matchers, bitmask)
+    if matchers and not thinking:
+        fill_next_token_bitmasks([m for _, m in matchers], bitmask)
+    elif matchers:
+        filled = allocate_token_bitmask(len(matchers), vocab)  # [m, ceil(V / 32)]
+        fill_next_token_bitmasks([m for _, m in matchers], filled)
+        bitmask[[k for k, _ in matchers]] = filled
+    for k, thought in thinking:
+        thought.fill(bitmask[k])
+    by_row = dict(matchers)
     for k, guard, text in guarded:
         guard.apply(text, bitmask[k])
     for k, mask_filter, text in filtered:
-        mask_filter.apply(matchers[k], text, bitmask[k])
+        mask_filter.apply(by_row[k], text, bitmask[k])
     return slots, bitmask
 
 
@@ -298,8 +375,8 @@ def _drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer 
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
     (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
     accepts."""
-    room = min(MAX_DRAFT, r.max_tokens - len(r.output_ids) - 1)
-    if r.finish_reason is not None or room <= 0:
+    room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
+    if r.finish_reason is not None or room <= 0 or r.thinks:
         return [], False
     forced = r.matcher.forced_text() if r.matcher is not None else ""
     if forced:
@@ -574,13 +651,17 @@ def _project_only(
 ) -> Iterator[bool]:
     """Within the block, the model's output layer sees only the hidden states of ``slots`` (its logits
     come out as ``[1, P, V]``), so that padding in a block of drafts costs no vocabulary projection.
-    Yields whether it applies (a model without an output-embedding module computes every position)."""
+    Yields whether it applies (a model without an output-embedding module computes every position).
+    Only this thread's forward passes are changed (a server's beam search runs the model beside the loop)."""
     head = model.get_output_embeddings() if slots is not None else None
     if head is None:
         yield False
         return
+    owner = threading.get_ident()
 
-    def gather(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def gather(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if threading.get_ident() != owner:
+            return None
         hidden = args[0]  # [B, T, H]
         return (hidden[slots].unsqueeze(0), *args[1:])  # [1, P, H]
 

@@ -12,6 +12,9 @@ Decisions, where OpenAI's API leaves room:
 - Extensions: ``regex``, ``grammar`` (EBNF text or a shipped grammar's name), ``choices``; at most
   one constraint per request, and none beside tools that may be called.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
+- ``use_beam_search`` (vLLM's name) runs a beam search of width ``best_of`` (default ``n``, at least
+  ``n``) with ``length_penalty``: the ``n`` choices are the ``n`` best beams (:mod:`constrain.beams`).
+  Not with ``stream``, ``stop``, ``logprobs`` or sampling parameters (400, naming the parameter).
 - A result that breaks its constraint (which only a lenient schema allows) carries ``violations`` in
   its choice; a grammar dead end ends the choice with ``finish_reason: "error"``.
 - A result the termination budget closed (the Python API's ``finish_reason="length"`` with
@@ -34,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from constrain.constraints import json_object, json_schema
+from constrain.errors import BeamSearchError
 from constrain.generate import DEFAULT_MAX_TOKENS, Request
 from constrain.models import ModelHandle
 from constrain.results import GenerationResult
@@ -83,10 +87,27 @@ class _Common(_Body):
     regex: str | None = None
     grammar: str | None = None
     choices: list[str] | None = Field(default=None, min_length=1)
+    reasoning: bool | dict[str, Any] | None = None  # think first (constrain.reasoning): true or {"max_tokens": N}
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.beams)
+    best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / tokens ** this
+
+    def beam_width(self) -> int:
+        """``num_beams``: ``best_of`` (default ``n``) with ``use_beam_search``, else 1 (where ``best_of`` may
+        only be ``n``); a stream with beam search is refused (whole beams are known only at the end)."""
+        if not self.use_beam_search:
+            if self.best_of not in (None, self.n):
+                raise BeamSearchError("best_of", "only with use_beam_search, as the beam width")
+            return 1
+        if self.stream:
+            raise BeamSearchError("stream", "beam search cannot stream: its beams are known only at the end")
+        if self.best_of is not None and self.best_of < self.n:
+            raise BeamSearchError("best_of", f"the beam width must be at least n={self.n}, got {self.best_of}")
+        return self.best_of or self.n
 
     def sampling(self, logprobs: int | None) -> dict[str, Any]:
         """The :class:`sampler.SamplingParams` fields given (validated when the request is built)."""
@@ -108,10 +129,13 @@ class _Common(_Body):
             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
             stop=self.stop,
             n=self.n,
+            num_beams=self.beam_width(),
+            length_penalty=self.length_penalty,
             sampling=self.sampling(logprobs),
             regex=self.regex,
             grammar=self.grammar,
             choices=self.choices,
+            reasoning=self.reasoning,
             **constraint,
         )
 
@@ -248,10 +272,15 @@ def finish_fields(result: GenerationResult, reply: ParsedReply | None) -> dict[s
     return {"finish_reason": reason, "closed_early": True, "forced_tokens": result.forced_tokens}
 
 
-def usage_json(prompt: int, results: list[GenerationResult]) -> dict[str, int]:
+def usage_json(prompt: int, results: list[GenerationResult]) -> dict[str, Any]:
     """OpenAI's ``usage``: ``prompt`` tokens (each prompt counted once, whatever ``n``) and the completions'."""
     completion = sum(r.usage.completion_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    usage["total_tokens"] = prompt + completion
+    reasoning = sum(r.usage.reasoning_tokens for r in results)
+    if reasoning:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
 
 
 def envelope(kind: str, request_id: str, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

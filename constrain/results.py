@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["FinishReason", "GenerationResult", "StreamEvent", "Usage"]
+__all__ = ["Beam", "FinishReason", "GenerationResult", "Part", "StreamEvent", "Usage"]
+
+Part = Literal["reasoning", "answer"]
+"""The part of the output a stream delta belongs to: the thinking (with ``reasoning=``) or the answer."""
 
 FinishReason = Literal["stop", "length", "error", "cancelled"]
 """``stop``: EOS, a stop string or regex, or a complete grammar; ``length``: ``max_tokens`` or the
@@ -16,11 +19,23 @@ context window; ``error``: the grammar allowed no token (a dead end), see ``Gene
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # every generated token, the reasoning's included
+    reasoning_tokens: int = 0  # of which the reasoning's (its tags included)
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Beam:
+    """One finished beam of a beam search (``num_beams``): complete and valid."""
+
+    text: str
+    value: Any
+    token_ids: list[int]
+    logprob: float  # the sum of its tokens' log-probabilities, each renormalised over the grammar's mask
+    score: float  # ``logprob / max(len(token_ids), 1) ** length_penalty`` (EOS not counted): what beams rank by
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +61,8 @@ class GenerationResult:
     closed_early: bool = False  # the budget's closing path ended it (finish_reason "length"; still valid)
     forced_tokens: int = 0  # tokens the budget took instead of the sampled ones (closing, or steering: see Budget)
     guard_steps: int = 0  # steps at which the repetition guard forbade another repeat
+    reasoning: str | None = None  # with reasoning=: the thinking text, tags excluded (``text`` is the answer)
+    beams: list[Beam] | None = None  # with num_beams > 1: every finished beam, best first (this result is the best)
 
     @property
     def valid(self) -> bool:
@@ -55,8 +72,14 @@ class GenerationResult:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """Text produced by one step of a stream. Deltas concatenate exactly to the final text."""
+    """Text produced by one step of a stream. The answer's deltas concatenate exactly to the final
+    ``text``, the reasoning's to ``reasoning``."""
 
     delta: str
     token_ids: list[int]
     partial: Any = None  # with schema=: the JSON value parsed so far (incomplete strings and all)
+    part: Part = "answer"  # which part ``delta`` belongs to
+    # with schema=: the value so far, complete values only (a Pydantic model's: an instance, its complete
+    # fields validated and the rest None; see constrain.partial); the whole validated value once complete
+    value: Any = None
+    completed: tuple[str, ...] = ()  # with schema=: JSON pointers of the values this step completed, innermost first

@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from constrain.engine import Engine
-from constrain.errors import ConstraintError, SchemaError, ToolError
-from constrain.generate import _expand
+from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
+from constrain.generate import Request, _beams, _expand
 from constrain.loop import InFlight
 from constrain.models import ModelHandle
 from constrain.protocol import (
@@ -144,6 +144,8 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     @app.exception_handler(ValueError)
     async def bad_request(_: HttpRequest, err: Exception) -> JSONResponse:
         param = getattr(err, "field", None) or ("tools" if isinstance(err, ToolError) else None)
+        if isinstance(err, ReasoningError):
+            param = "reasoning"
         if isinstance(err, SchemaError):
             param = "response_format.json_schema.schema"
         return _error(400, str(err), param)
@@ -161,6 +163,16 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def internal(_: HttpRequest, err: Exception) -> JSONResponse:
         log.exception("request failed")
         return _error(500, f"internal error ({type(err).__name__}); the server logged it")
+
+    beam_lock = asyncio.Lock()  # one beam search at a time, beside the engine's batch
+
+    async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
+        """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.beams`), every
+        one checked first, then run one by one on a worker thread, outside the engine's batch."""
+        searches = await asyncio.to_thread(lambda: [_beams(handle, s) for s in specs])
+        async with beam_lock:
+            results = await asyncio.to_thread(lambda: [r for search in searches for r in search.run()])
+        return results, sum(len(search.prompt_ids) for search in searches)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -181,6 +193,11 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
         check_model(body.model)
         spec, tools = await asyncio.to_thread(chat_requests, body, handle)
+        if body.use_beam_search:  # (a tool that may be called is refused: constrain.beams)
+            beams, prompt_tokens = await beam_search([spec])
+            choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
+            usage = usage_json(prompt_tokens, beams)
+            return envelope("chat.completion", new_id("chatcmpl"), model_name, choices, usage=usage)
         requests = await asyncio.to_thread(_expand, handle, spec)  # compiles: a bad constraint fails here
         calling = tools if tools is not None and tools.callable_tools else None
         submission = _Submission(engine, requests, stream=body.stream)
@@ -198,6 +215,12 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
         check_model(body.model)
         specs = completion_requests(body)
+        if body.use_beam_search:
+            beams, prompt_tokens = await beam_search(specs)
+            choices = [_with_violations({"index": i, "text": r.text, **finish_fields(r, None), "logprobs": None},
+                                        r.violations) for i, r in enumerate(beams)]  # fmt: skip
+            return envelope("text_completion", new_id("cmpl"), model_name, choices,
+                            usage=usage_json(prompt_tokens, beams))  # fmt: skip
         groups = await asyncio.to_thread(lambda: [_expand(handle, s) for s in specs])
         requests = [r for group in groups for r in group]
         submission = _Submission(engine, requests, stream=body.stream)
@@ -214,6 +237,8 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             if body.logprobs is not None:
                 scores = completion_logprobs(handle, r.token_ids, r.logprobs or [], r.top_logprobs or [])
             choice = {"index": i, "text": r.text, **finish_fields(r, None), "logprobs": scores}
+            if r.reasoning is not None:
+                choice["reasoning_content"] = r.reasoning
             choices.append(_with_violations(choice, r.violations))
         return envelope("text_completion", rid, model_name, choices, usage=usage_json(prompt_tokens, results))
 
@@ -228,6 +253,8 @@ def _chat_choice(
     index: int, result: GenerationResult, tools: ToolCalling | None, handle: ModelHandle, logprobs: bool
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if result.reasoning is not None:
+        message["reasoning_content"] = result.reasoning
     violations = list(result.violations)
     reply = tools.parse(result.text) if tools is not None else None
     if reply is not None:
@@ -256,6 +283,10 @@ async def _chat_stream(
         yield chunk(i, {"role": "assistant", "content": ""})
     async for i, item, scores in submission.items():
         parser = parsers[i]
+        if isinstance(item, StreamEvent) and item.part == "reasoning":
+            if item.delta:
+                yield chunk(i, {"reasoning_content": item.delta})
+            continue
         if isinstance(item, StreamEvent):
             piece = parser.feed(item.delta) if parser is not None else None
             delta: dict[str, Any] = {"content": piece.content if piece is not None else item.delta}
@@ -288,7 +319,11 @@ async def _completion_stream(
         return _sse(envelope("text_completion", rid, handle.name, [choice]))
 
     async for i, item, scores in submission.items():
-        if isinstance(item, StreamEvent):
+        if isinstance(item, StreamEvent) and item.part == "reasoning":
+            if item.delta:
+                yield _sse(envelope("text_completion", rid, handle.name, [{"index": i, "text": "",
+                           "reasoning_content": item.delta, "finish_reason": None, "logprobs": None}]))  # fmt: skip
+        elif isinstance(item, StreamEvent):
             lp = completion_logprobs(handle, *scores) if body.logprobs is not None and scores else None
             if item.delta or lp is not None:
                 yield chunk(i, item.delta, scores=lp)

@@ -18,6 +18,7 @@ class BeamSearchStep:
     scores: torch.Tensor  # [B, beam_width] float32: accumulated log-probabilities, descending
     beam_indices: torch.Tensor  # [B, beam_width] int64: the previous beam each survivor extends
     token_ids: torch.Tensor  # [B, beam_width] int64: the token appended
+    candidates: torch.Tensor  # [B, W, V] float32: every expansion's score (-inf: disallowed), to rank further
 
 
 def beam_search_step(
@@ -53,4 +54,6 @@ def beam_search_step(
     candidates = beam_scores.float().unsqueeze(-1) + logprobs  # [B, W, V]
     candidates.masked_fill_(candidates.isnan(), float("-inf"))  # a fully masked beam: -inf, not NaN
     scores, flat_idx = candidates.view(batch, width * vocab).topk(beam_width, dim=-1)  # [B, beam_width]
-    return BeamSearchStep(scores=scores, beam_indices=flat_idx // vocab, token_ids=flat_idx % vocab)
+    return BeamSearchStep(
+        scores=scores, beam_indices=flat_idx // vocab, token_ids=flat_idx % vocab, candidates=candidates
+    )

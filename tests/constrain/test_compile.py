@@ -164,3 +164,19 @@ def test_several_eos_ids(gemma_tokenizer):
 def test_compile_budget(smol_tokenizer):
     with pytest.raises(constrain.CompileError, match="budget"):
         constrain.compile(constrain.regex("(a|b|c|d){1,2000}x" + "[a-z]{1,64}" * 8), smol_tokenizer, timeout_s=1e-4)
+
+
+def test_a_model_and_its_schema_share_a_grammar_not_a_type(smol_tokenizer):
+    from pydantic import BaseModel
+
+    import constrain
+
+    class Point(BaseModel):
+        x: int
+
+    typed = constrain.compile(constrain.json_schema(Point), smol_tokenizer)
+    plain = constrain.compile(constrain.json_schema(Point.model_json_schema()), smol_tokenizer)
+    assert plain.constraint.python_type is None and typed.constraint.python_type is Point
+    assert plain.grammar is typed.grammar, "one compiled grammar"
+    again = constrain.compile(constrain.json_schema(Point), smol_tokenizer)
+    assert again.constraint.python_type is Point
