@@ -13,10 +13,15 @@ Definitions
   renormalised over the tokens the mask allows at that step (a token the grammar forces costs 0).
 - A hypothesis *finishes* with EOS (allowed only where the grammar can end; its log-probability is
   that of ending, the logsumexp over the model's EOS ids), or with a token after which the grammar is
-  complete and admits nothing more. Its length is ``len(token_ids)``: its tokens, the EOS excluded.
+  complete and admits nothing more. Its *length* is that of its text as the tokenizer writes it (at
+  most its own tokens; EOS excluded): every tokenization of a text has the same length, otherwise
+  length normalisation would rank ``b`` + ``lue`` (the grammar forcing ``lue``, at no cost) above
+  ``blue``, as it did on SmolLM2.
 - Its score is ``logprob / max(length, 1) ** length_penalty``: ``0`` ranks by likelihood (which
-  favours short outputs), ``1`` (the default) by the mean log-probability per token, more than 1
-  favours long outputs.
+  favours short outputs), ``1`` (the default) by the mean log-probability per token, more than
+  1 favours long outputs.
+- Finished hypotheses are distinct texts: of several tokenizations of one text, the best-scored one is
+  kept (so ``W`` beams are ``W`` different outputs).
 - At most ``max_tokens`` tokens are generated, the EOS included (as in :func:`constrain.generate`);
   a beam that has ``max_tokens`` tokens and has not finished is dropped (it is not complete).
 
@@ -29,9 +34,9 @@ One step (``W = num_beams``)
    A child that finishes takes one of the ``W`` places as the live beam it stands for would (its only
    next token, EOS, has log-probability 0), which keeps the walk to about ``W`` matcher probes.
 3. The search stops when no live beam can beat the ``W``-th finished score, by an exact bound on a
-   live beam's final score (its logprob can only fall): ``logprob / max_tokens ** length_penalty``
-   for ``length_penalty > 0``, ``logprob / max(length, 1) ** length_penalty`` otherwise; or at
-   ``max_tokens``.
+   live beam's final score (its logprob can only fall, its length is in ``[1, max_tokens]``):
+   ``logprob / max_tokens ** length_penalty`` for ``length_penalty > 0``, ``logprob`` otherwise; or
+   at ``max_tokens``.
 
 So when ``W`` is at least the number of prefixes of any one length (token sequences the constraint
 accepts, EOS excluded; a complete ``yes`` counts, as EOS must follow), no expansion is ever cut and
@@ -114,6 +119,10 @@ class _Beam:
     matcher: Matcher | None  # its grammar state (None: unconstrained)
 
 
+_Finished = tuple[float, float, list[int], str]
+"""A finished hypothesis: (score, logprob, tokens, text)."""
+
+
 class BeamSearch:
     """One request's beam search, checked and ready to :meth:`run` (see the module).
 
@@ -127,7 +136,7 @@ class BeamSearch:
     num_beams : int
         The beam width ``W`` (>= 1).
     length_penalty : float, default: 1.0
-        Scores are ``logprob / max(len(token_ids), 1) ** length_penalty``.
+        Scores are ``logprob / max(length, 1) ** length_penalty`` (see :meth:`length`).
     max_tokens : int, default: 256
         Most tokens generated, EOS included (at most the context window's room after the prompt).
     n : int, default: 1
@@ -164,22 +173,35 @@ class BeamSearch:
         self._eos = list(handle.eos_token_ids)
 
     def score(self, logprob: float, length: int) -> float:
-        """The rank of a finished hypothesis of ``length`` tokens (EOS excluded)."""
+        """The rank of a finished hypothesis of ``length`` tokens (see :meth:`length`)."""
         return logprob / math.pow(max(length, 1), self.length_penalty)
 
-    def bound(self, logprob: float, length: int) -> float:
-        """An upper bound on the score a live beam of ``length`` tokens and ``logprob`` can still finish
-        with: its logprob can only fall, and its final length is in ``[length, max_tokens]``."""
+    def length(self, text: str, tokens: list[int]) -> int:
+        """A finished hypothesis' length: its text's tokens as the tokenizer writes it, at most its own
+        (EOS excluded). Any tokenization of a text has the same length, so that normalising by length
+        cannot favour spelling a word in pieces the grammar then forces (``b`` + ``lue`` over ``blue``)."""
+        return min(len(self.handle.tokenizer.encode(text, add_special_tokens=False)), len(tokens))
+
+    def bound(self, logprob: float) -> float:
+        """An upper bound on the score a live beam of ``logprob`` can still finish with: its logprob can
+        only fall, and its final length is in ``[1, max_tokens]``."""
         if self.length_penalty > 0:
             return logprob / math.pow(self.max_tokens, self.length_penalty)
-        return self.score(logprob, length)
+        return logprob  # (length ** penalty <= 1)
 
-    def _offer(self, finished: list[tuple[float, float, list[int]]], logprob: float, tokens: list[int]) -> None:
-        """Keep the hypothesis if it is among the ``W`` best finished (``finished`` sorted, best first)."""
-        score = self.score(logprob, len(tokens))
+    def _offer(self, finished: list[_Finished], logprob: float, tokens: list[int]) -> None:
+        """Keep the hypothesis if it is among the ``W`` best finished texts (``finished`` sorted, best
+        first; of two tokenizations of one text, the better-scored stays)."""
+        text = self._text(tokens)
+        score = self.score(logprob, self.length(text, tokens))
         if len(finished) == self.num_beams and score <= finished[-1][0]:
             return
-        finished.append((score, logprob, tokens))
+        same = [i for i, f in enumerate(finished) if f[3] == text]
+        if same and finished[same[0]][0] >= score:
+            return
+        if same:
+            del finished[same[0]]
+        finished.append((score, logprob, tokens, text))
         finished.sort(key=lambda f: -f[0])
         del finished[self.num_beams :]
 
@@ -191,7 +213,7 @@ class BeamSearch:
         # the prompt's logits are needed at its last position only
         last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         length = len(self.prompt_ids)
-        finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens), best first
+        finished: list[_Finished] = []  # (score, logprob, tokens, text), best first
         live = [_Beam([], 0.0, self.compiled.matcher() if self.compiled is not None else None)]
         with torch.inference_mode():
             ids = torch.tensor([self.prompt_ids], device=device)  # [1, T]
@@ -203,7 +225,7 @@ class BeamSearch:
                 if not children:
                     break
                 live = children
-                best = max(self.bound(b.logprob, len(b.tokens)) for b in live)
+                best = max(self.bound(b.logprob) for b in live)
                 if depth + 1 == self.max_tokens or (len(finished) == width and best <= finished[-1][0]):
                     break  # at the length limit, or no live beam can beat the W-th finished one
                 cache.batch_select_indices(torch.tensor(parents, device=device))  # duplicates: a beam's children
@@ -220,7 +242,7 @@ class BeamSearch:
         live: list[_Beam],
         # [w, V] float: each live beam's next-token logits
         logits: torch.Tensor,
-        finished: list[tuple[float, float, list[int]]],
+        finished: list[_Finished],
     ) -> tuple[list[_Beam], list[int]]:
         """Offer the beams' ends to ``finished`` (updated in place), then walk the expansions best first;
         returns the live children (best first) and the index of each one's parent in ``live``."""
@@ -274,11 +296,10 @@ class BeamSearch:
             ranked = zip(top[walked:].tolist(), (flat[walked:] // vocab).tolist(), (flat[walked:] % vocab).tolist(),
                          strict=True)  # fmt: skip
 
-    def _results(self, finished: list[tuple[float, float, list[int]]], live: list[_Beam]) -> list[GenerationResult]:
+    def _results(self, finished: list[_Finished], live: list[_Beam]) -> list[GenerationResult]:
         usage = len(self.prompt_ids)
-        beams = []
-        for score, logprob, tokens in finished:
-            text = self._text(tokens)
+        beams: list[Beam] = []
+        for score, logprob, tokens, text in finished:
             violations, value = check_output(self.compiled, text)
             if not violations:  # (only a lenient schema's approximation lets an invalid one finish)
                 beams.append(Beam(text, value, tokens, logprob, score))

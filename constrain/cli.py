@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
+    gen.add_argument("--reasoning", type=int, nargs="?", const=0, default=None, metavar="BUDGET",
+                     help="think first (thinking on stderr), then answer; BUDGET: the thinking's tokens "
+                          "(default: --max-tokens)")  # fmt: skip
+    gen.add_argument("--num-beams", type=int, default=1, help="beam search of this width (prints every beam)")
     for name, kind in (("temperature", float), ("top-k", int), ("top-p", float), ("min-p", float),
                        ("repetition-penalty", float), ("seed", int)):  # fmt: skip
         gen.add_argument(f"--{name}", type=kind, default=None)
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(args)
     from constrain.errors import ConstraintError
-    from constrain.generate import stream
+    from constrain.generate import generate, stream
     from constrain.models import ModelNotFoundError
     from constrain.results import GenerationResult
 
@@ -85,14 +89,25 @@ def main(argv: list[str] | None = None) -> int:
         handle = _load(args.model)
         prompt: Any = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
         result = None
-        for event in stream(
-            handle, prompt, schema=schema, regex=args.regex, grammar=grammar, choices=args.choices,
-            max_tokens=args.max_tokens, stop=args.stop, **sampling,
-        ):  # fmt: skip
-            if isinstance(event, GenerationResult):
-                result = event
-            elif not args.no_stream:
-                print(event.delta, end="", flush=True)
+        options: dict[str, Any] = dict(schema=schema, regex=args.regex, grammar=grammar, choices=args.choices,
+                                       max_tokens=args.max_tokens, stop=args.stop, **sampling)  # fmt: skip
+        if args.reasoning is not None:
+            options["reasoning"] = {"max_tokens": args.reasoning} if args.reasoning else True
+        if args.num_beams != 1:
+            result = generate(handle, prompt, num_beams=args.num_beams, **options)
+            for beam in result.beams or []:
+                print(f"-- beam score={beam.score:.4f} logprob={beam.logprob:.4f}: {beam.text}", file=sys.stderr)
+            args.no_stream = True
+        else:
+            for event in stream(handle, prompt, **options):
+                if isinstance(event, GenerationResult):
+                    result = event
+                elif event.part == "reasoning":
+                    print(event.delta, end="", file=sys.stderr, flush=True)
+                elif not args.no_stream:
+                    print(event.delta, end="", flush=True)
+            if result is not None and result.reasoning is not None:
+                print(file=sys.stderr)
     except (ConstraintError, ValueError, ModelNotFoundError, OSError) as err:
         print(f"constrain: error: {err}", file=sys.stderr)
         return 2

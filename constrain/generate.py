@@ -241,7 +241,8 @@ def generate(
         Beam search under the constraint when > 1: every finished beam is complete and valid
         (``GenerationResult.beams``, best first); ``n`` then returns the ``n`` best. See :mod:`constrain.beams`.
     length_penalty : float, default: 1.0
-        Beams are ranked by ``logprob / max(tokens, 1) ** length_penalty`` (tokens: EOS excluded).
+        Beams are ranked by ``logprob / max(length, 1) ** length_penalty`` (length: the text's tokens as
+        the tokenizer writes it, whichever tokens the beam took).
     jump_forward : bool, default: True
         Feed the text the grammar forces as drafts, verified in one forward pass (the same tokens
         as without it, in fewer passes).

@@ -94,7 +94,7 @@ class _Common(_Body):
     service_tier: str | None = None
     use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.beams)
     best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
-    length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / tokens ** this
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
 
     def beam_width(self) -> int:
         """``num_beams``: ``best_of`` (default ``n``) with ``use_beam_search``, else 1 (where ``best_of`` may

@@ -35,7 +35,7 @@ class Beam:
     value: Any
     token_ids: list[int]
     logprob: float  # the sum of its tokens' log-probabilities, each renormalised over the grammar's mask
-    score: float  # ``logprob / max(len(token_ids), 1) ** length_penalty`` (EOS not counted): what beams rank by
+    score: float  # ``logprob / max(length, 1) ** length_penalty``, length: its text's tokens (constrain.beams)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,3 +39,17 @@ def test_generate_with_choices_and_errors(model_dir, capsys):
     assert main(["generate", "x", "--model", model_dir, "--regex", "a("]) == 2
     assert "invalid regex" in capsys.readouterr().err
     assert main(["generate", "x", "--model", "/nowhere.gguf"]) == 2
+
+
+def test_generate_with_reasoning_and_beams(model_dir, capsys):
+    args = ["generate", "x", "--model", model_dir, "--choices", "red", "green", "--raw", "--seed", "3"]
+    assert main([*args, "--reasoning", "12"]) == 0
+    captured = capsys.readouterr()
+    thought = captured.err.split("-- finish_reason")[0].splitlines()[-1]  # (after any loading progress bar)
+    assert captured.out.strip() in ("red", "green") and thought.strip(), "the thinking goes to stderr"
+    assert main([*args[:-2], "--num-beams", "2"]) == 0
+    captured = capsys.readouterr()
+    beams = [line.rsplit(": ", 1)[1] for line in captured.err.splitlines() if line.startswith("-- beam score=")]
+    assert beams and beams[0] == captured.out.strip() and len(set(beams)) == len(beams) <= 2
+    assert main([*args, "--reasoning", "1"]) == 2
+    assert "reasoning.max_tokens" in capsys.readouterr().err
