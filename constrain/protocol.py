@@ -66,6 +66,10 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+REASONING_EFFORT = {"none": 0, "minimal": 64, "low": 256, "medium": 1024, "high": 4096}
+"""OpenAI's ``reasoning_effort`` as a thinking budget in tokens (0: no thinking)."""
+
+
 class _Common(_Body):
     """Fields both endpoints take."""
 
@@ -88,6 +92,7 @@ class _Common(_Body):
     grammar: str | None = None
     choices: list[str] | None = Field(default=None, min_length=1)
     reasoning: bool | dict[str, Any] | None = None  # think first (constrain.reasoning): true or {"max_tokens": N}
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # OpenAI's: REASONING_EFFORT
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -123,6 +128,15 @@ class _Common(_Body):
             out["logprobs"] = logprobs
         return out
 
+    def thinking(self) -> Any:
+        """The ``reasoning=`` of the request: ``reasoning`` as given, else from ``reasoning_effort``."""
+        if self.reasoning is not None and self.reasoning_effort is not None:
+            raise ValueError("pass reasoning or reasoning_effort, not both")
+        if self.reasoning_effort is not None:
+            budget = REASONING_EFFORT[self.reasoning_effort]
+            return {"max_tokens": budget} if budget else None
+        return self.reasoning
+
     def request(self, prompt: Any, max_tokens: int | None, logprobs: int | None, **constraint: Any) -> Request:
         return Request(
             prompt,
@@ -135,7 +149,7 @@ class _Common(_Body):
             regex=self.regex,
             grammar=self.grammar,
             choices=self.choices,
-            reasoning=self.reasoning,
+            reasoning=self.thinking(),
             **constraint,
         )
 
