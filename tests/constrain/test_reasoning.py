@@ -227,8 +227,10 @@ def test_server_reasoning_content_streaming_and_tools(thinker):
         assert call.tool_calls[0].function.name == WEATHER_TOOL["function"]["name"]
         json.loads(call.tool_calls[0].function.arguments)
 
-        effort = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, seed=3,
-                                                reasoning_effort="minimal", extra_body={"choices": ["a", "b"]})  # fmt: skip
+        effort = client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=8, seed=3, reasoning_effort="minimal",
+            extra_body={"choices": ["a", "b"]},
+        )  # fmt: skip
         assert effort.choices[0].message.content in ("a", "b")
         assert 0 < effort.usage.completion_tokens_details.reasoning_tokens <= 64  # "minimal": 64 tokens
         with pytest.raises(openai.BadRequestError, match="not both"):
