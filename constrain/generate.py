@@ -308,7 +308,9 @@ def stream(
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
     the :class:`GenerationResult` last. Deltas concatenate exactly to the final text; text that
-    could start a stop string is held back until it cannot."""
+    could start a stop string is held back until it cannot. Closing the iterator early (``break``
+    out of a ``for`` loop, then ``close()`` or garbage collection) cancels the request: the worker
+    stops after its current step."""
     handle = _handle(model)
     template = dict(
         schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
@@ -333,10 +335,12 @@ def stream(
 
     requests[0].on_event = on_event
     failure: list[BaseException] = []
+    cancelled = threading.Event()
 
     def worker() -> None:
         try:
-            _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost)
+            _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost,
+                 cancelled=cancelled)  # fmt: skip
         except BaseException as err:
             failure.append(err)
         finally:
@@ -345,14 +349,17 @@ def stream(
                 lock.notify()
 
     threading.Thread(target=worker, daemon=True).start()
-    while True:
-        with lock:
-            while not queue and not done.is_set():
-                lock.wait()
-            pending, queue[:] = list(queue), []
-        yield from pending
-        if done.is_set() and not queue:
-            break
+    try:
+        while True:
+            with lock:
+                while not queue and not done.is_set():
+                    lock.wait()
+                pending, queue[:] = list(queue), []
+            yield from pending
+            if done.is_set() and not queue:
+                break
+    finally:  # the caller closed the iterator early (or it was collected): stop decoding for nobody
+        cancelled.set()
     if failure:
         raise failure[0]
     yield requests[0].result()

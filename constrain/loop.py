@@ -793,12 +793,17 @@ def run(
     jump_forward: bool = True,
     speculative: bool | Proposer = True,
     forward_cost: cost.ForwardCost | None = None,
+    cancelled: threading.Event | None = None,
 ) -> None:
-    """Decode every request to its end, as one batch (see :class:`DecodeLoop` for the options)."""
+    """Decode every request to its end, as one batch (see :class:`DecodeLoop` for the options); once
+    ``cancelled`` is set (from any thread), the requests still running end as ``"cancelled"``."""
     loop = DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
                       forward_cost=forward_cost)  # fmt: skip
     loop.add(requests)
     while loop.busy:
+        if cancelled is not None and cancelled.is_set():
+            for r in requests:
+                loop.cancel(r)
         loop.step()
 
 

@@ -8,7 +8,8 @@ Errors are OpenAI's bodies (``{"error": {"message", "type", "param", "code"}}``)
 (malformed body, unknown field, out-of-range sampling value, bad schema/regex/grammar/tools, naming
 the culprit), 404 for an unknown model or path, and 500 without a stack trace for a failure of ours
 (logged). Every request is checked and its constraint compiled before it joins the batch, so a bad
-request cannot disturb the others.
+request cannot disturb the others; only errors raised while admitting a request are the client's (a
+``ValueError`` from anywhere else is a bug of ours, and answered as one).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -47,10 +48,12 @@ from constrain.protocol import (
 )
 from constrain.results import GenerationResult, StreamEvent
 from constrain.tools import ToolCalling, tool_call_json
+from sampler.errors import SamplerError
 
 __all__ = ["create_app", "serve"]
 
 log = logging.getLogger("constrain.server")
+T = TypeVar("T")
 
 
 class _UnknownModel(Exception):
@@ -59,6 +62,19 @@ class _UnknownModel(Exception):
 
 class _Disconnected(Exception):
     pass
+
+
+class _BadRequest(Exception):
+    """A user error found while admitting a request (its ``__cause__``): a 400. A ``ValueError`` raised
+    anywhere else is a failure of ours, a 500."""
+
+
+async def _admit(build: Callable[[], T]) -> T:
+    """``build()`` on a worker thread (it may compile), its user errors raised as :class:`_BadRequest`."""
+    try:
+        return await asyncio.to_thread(build)
+    except (ConstraintError, SamplerError, ValueError) as err:
+        raise _BadRequest from err
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -140,9 +156,9 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
         param = ".".join(str(p) for p in first["loc"] if p != "body") or None
         return _error(400, f"{param or 'body'}: {first['msg']}", param)
 
-    @app.exception_handler(ConstraintError)
-    @app.exception_handler(ValueError)
-    async def bad_request(_: HttpRequest, err: Exception) -> JSONResponse:
+    @app.exception_handler(_BadRequest)
+    async def bad_request(_: HttpRequest, wrapper: Exception) -> JSONResponse:
+        err = wrapper.__cause__
         param = getattr(err, "field", None) or ("tools" if isinstance(err, ToolError) else None)
         if isinstance(err, ReasoningError):
             param = "reasoning"
@@ -159,17 +175,22 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def http_error(_: HttpRequest, err: HTTPException) -> JSONResponse:
         return _error(err.status_code, str(err.detail))
 
-    @app.exception_handler(Exception)
-    async def internal(_: HttpRequest, err: Exception) -> JSONResponse:
-        log.exception("request failed")
-        return _error(500, f"internal error ({type(err).__name__}); the server logged it")
+    @app.middleware("http")
+    async def internal(request: HttpRequest, call_next: Any) -> Any:
+        """A failure of ours: a 500 (logged), the connection kept (an exception handler for ``Exception``
+        would answer, then re-raise into uvicorn, which resets the connection)."""
+        try:
+            return await call_next(request)
+        except Exception as err:
+            log.exception("request failed")
+            return _error(500, f"internal error ({type(err).__name__}); the server logged it")
 
     beam_lock = asyncio.Lock()  # one beam search at a time, beside the engine's batch
 
     async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
         """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.beams`), every
         one checked first, then run one by one on a worker thread, outside the engine's batch."""
-        searches = await asyncio.to_thread(lambda: [_beams(handle, s) for s in specs])
+        searches = await _admit(lambda: [_beams(handle, s) for s in specs])
         async with beam_lock:
             results = await asyncio.to_thread(lambda: [r for search in searches for r in search.run()])
         return results, sum(len(search.prompt_ids) for search in searches)
@@ -192,13 +213,13 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
         check_model(body.model)
-        spec, tools = await asyncio.to_thread(chat_requests, body, handle)
+        spec, tools = await _admit(lambda: chat_requests(body, handle))
         if body.use_beam_search:  # (a tool that may be called is refused: constrain.beams)
             beams, prompt_tokens = await beam_search([spec])
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
             return envelope("chat.completion", new_id("chatcmpl"), model_name, choices, usage=usage)
-        requests = await asyncio.to_thread(_expand, handle, spec)  # compiles: a bad constraint fails here
+        requests = await _admit(lambda: _expand(handle, spec))  # compiles: a bad constraint fails here
         calling = tools if tools is not None and tools.callable_tools else None
         submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("chatcmpl")
@@ -214,14 +235,14 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
         check_model(body.model)
-        specs = completion_requests(body)
+        specs = await _admit(lambda: completion_requests(body))
         if body.use_beam_search:
             beams, prompt_tokens = await beam_search(specs)
             choices = [_with_violations({"index": i, "text": r.text, **finish_fields(r, None), "logprobs": None},
                                         r.violations) for i, r in enumerate(beams)]  # fmt: skip
             return envelope("text_completion", new_id("cmpl"), model_name, choices,
                             usage=usage_json(prompt_tokens, beams))  # fmt: skip
-        groups = await asyncio.to_thread(lambda: [_expand(handle, s) for s in specs])
+        groups = await _admit(lambda: [_expand(handle, s) for s in specs])
         requests = [r for group in groups for r in group]
         submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("cmpl")

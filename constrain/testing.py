@@ -181,10 +181,11 @@ WEATHER_TOOL = {
 class LocalServer:
     """The OpenAI-compatible server on a free loopback port, run by uvicorn in a daemon thread.
 
-    ``url`` is its address; :meth:`stop` ends it. ``options`` go to :func:`constrain.server.create_app`.
+    ``url`` is its address; :meth:`stop` ends it. ``options`` go to :func:`constrain.server.create_app`;
+    ``RuntimeError`` when it has not started within ``start_timeout_s`` seconds (or its thread died).
     """
 
-    def __init__(self, handle: Any, **options: Any) -> None:
+    def __init__(self, handle: Any, *, start_timeout_s: float = 60.0, **options: Any) -> None:
         import socket
         import threading
         import time
@@ -201,7 +202,11 @@ class LocalServer:
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()
-        while not self._server.started:
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:  # (uvicorn offers no start-up event to wait on)
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._socket.close()
+                raise RuntimeError(f"the server did not start within {start_timeout_s:g} s (see the log above)")
             time.sleep(0.01)
 
     def stop(self) -> None:

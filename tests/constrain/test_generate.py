@@ -7,6 +7,7 @@ import asyncio
 import functools
 import importlib
 import json
+import threading
 
 import pytest
 import torch
@@ -227,3 +228,35 @@ def test_jump_forward_keeps_the_sampled_distribution(smol_tokenizer):
     assert all(sum(c) == 600 for c in counts) and min(counts[0]) >= 20
     assert chi2_contingency(counts[:2]).pvalue > 0.01, counts
     assert chi2_contingency([counts[0], counts[2]]).pvalue < 1e-3, counts  # the test can tell a change
+
+
+def test_closing_a_stream_early_cancels_its_request(tiny, monkeypatch):
+    """The worker stops decoding once the caller has closed the iterator: it does not run to max_tokens."""
+    import constrain.loop
+
+    finished, ended = [], threading.Event()
+    original = constrain.loop.InFlight.finish
+
+    def finish(self, reason, error=None):
+        finished.append(reason)
+        original(self, reason, error)
+        ended.set()
+
+    monkeypatch.setattr(constrain.loop.InFlight, "finish", finish)
+    steps = []
+    monkeypatch.setattr(constrain.loop.DecodeLoop, "step", _counting(constrain.loop.DecodeLoop.step, steps))
+    iterator = constrain.stream(tiny, "Hello", max_tokens=1000, temperature=1.0, seed=0, speculative=False)
+    for i, _ in enumerate(iterator):
+        if i == 3:
+            break
+    iterator.close()
+    assert ended.wait(30) and finished == ["cancelled"]
+    assert len(steps) < 100, "decoding stopped soon after the close, far from max_tokens"
+
+
+def _counting(method, calls):
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    return counted

@@ -366,3 +366,18 @@ def test_serve_freezes_the_startup_heap(tiny, monkeypatch):
         for app, _ in ran:
             for handler in app.router.on_shutdown:  # the engine's thread
                 handler()
+
+
+def test_an_internal_value_error_is_a_500_not_a_400(server, monkeypatch):
+    """Only errors raised while admitting a request are the client's: a ValueError later is our bug."""
+    import constrain.server
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug of ours")
+
+    monkeypatch.setattr(constrain.server, "_chat_choice", broken)
+    with pytest.raises(openai.InternalServerError) as caught:
+        _chat(server, max_tokens=4, seed=1)
+    assert caught.value.status_code == 500 and "a bug of ours" not in str(caught.value)
+    with pytest.raises(openai.BadRequestError, match="temperature"):  # admission errors stay 400s
+        _chat(server, max_tokens=4, temperature=-1.0)
