@@ -85,7 +85,7 @@ def run(
 ) -> tuple[int, float, dict[str, float], int]:
     """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation: ``batch``
     copies of ``spec`` (each of its ``n`` completions)."""
-    requests = [r for _ in range(batch) for r in gen._expand(handle, spec)]
+    requests = [r for _ in range(batch) for r in gen.admit(handle, spec)]
     timings: dict[str, float] = {}
     forward, calls = handle.model.forward, [0]
 

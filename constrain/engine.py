@@ -66,7 +66,7 @@ class Engine:
         self._thread.start()
 
     def submit(self, requests: Sequence[InFlight], on_done: Done) -> None:
-        """Queue ``requests`` (built by ``constrain.generate._expand``, their ``on_event`` set if
+        """Queue ``requests`` (built by ``constrain.generate.admit``, their ``on_event`` set if
         wanted); ``on_done(request, result)`` is called once per request, on the engine thread."""
         if self._closed:
             raise RuntimeError("the engine is closed")

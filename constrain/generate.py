@@ -28,7 +28,7 @@ from constrain.stopping import StopText
 from constrain.tokenizer import tokenizer_info
 from sampler import InvalidSamplingParamsError, SamplingParams
 
-__all__ = ["Request", "agenerate", "astream", "generate", "stream"]
+__all__ = ["Request", "admit", "admit_beam_search", "agenerate", "astream", "generate", "stream"]
 
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when none is given."""
@@ -92,8 +92,11 @@ class Request:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
-def _expand(handle: ModelHandle, spec: Request) -> list[InFlight]:
-    """The ``n`` in-flight requests of one :class:`Request`; every argument is checked here, up front."""
+def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
+    """Admission: the ``n`` in-flight requests of one :class:`Request`, for a :class:`~constrain.loop.DecodeLoop`
+    or an :class:`~constrain.engine.Engine`. Every argument is checked and the constraint compiled here, up
+    front: a bad request raises (``ValueError``, a :class:`ConstraintError`, ``InvalidSamplingParamsError``)
+    before anything runs. A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`."""
     if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
     if not isinstance(spec.n, int) or spec.n < 1:
@@ -161,14 +164,14 @@ def _thinking(
     return make
 
 
-def _beams(handle: ModelHandle, spec: Request) -> BeamSearch:
+def admit_beam_search(handle: ModelHandle, spec: Request) -> BeamSearch:
     """The beam search of ``spec`` (any ``num_beams``), every argument checked: see :mod:`constrain.beams`."""
     check_beam_options(spec.num_beams, spec.length_penalty)
     check_sampling(spec.sampling)
     for name in ("stop", "stop_regex", "reasoning"):
         if getattr(spec, name):
             raise BeamSearchError(name, "beam search takes no stop strings or reasoning: end the output with a grammar")
-    one = _expand(handle, replace(spec, n=1, sampling={}, close_in_budget=False, repetition_guard=False))[0]
+    one = admit(handle, replace(spec, n=1, sampling={}, close_in_budget=False, repetition_guard=False))[0]
     room = min(spec.max_tokens, one.context_limit - len(one.prompt_ids))
     return BeamSearch(handle, one.prompt_ids, one.compiled, num_beams=spec.num_beams,
                       length_penalty=spec.length_penalty, max_tokens=room, n=spec.n)  # fmt: skip
@@ -177,7 +180,7 @@ def _beams(handle: ModelHandle, spec: Request) -> BeamSearch:
 def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
     """How ``spec`` runs: its ``n`` completions in the batch, or a beam search (``num_beams > 1``)."""
     check_beam_options(spec.num_beams, spec.length_penalty)
-    return _beams(handle, spec) if spec.num_beams > 1 else _expand(handle, spec)
+    return admit_beam_search(handle, spec) if spec.num_beams > 1 else admit(handle, spec)
 
 
 def _specs(prompt: Any, template: dict[str, Any]) -> tuple[list[Request], bool]:
@@ -322,7 +325,7 @@ def stream(
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     if "num_beams" in sampling or specs[0].num_beams != 1:
         raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
-    requests = _expand(handle, specs[0])
+    requests = admit(handle, specs[0])
     resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
     queue: list[Any] = []
     done = threading.Event()

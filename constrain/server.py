@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 
 from constrain.engine import Engine
 from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
-from constrain.generate import Request, _beams, _expand
+from constrain.generate import Request, admit, admit_beam_search
 from constrain.loop import InFlight
 from constrain.models import ModelHandle
 from constrain.protocol import (
@@ -190,7 +190,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
         """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.beams`), every
         one checked first, then run one by one on a worker thread, outside the engine's batch."""
-        searches = await _admit(lambda: [_beams(handle, s) for s in specs])
+        searches = await _admit(lambda: [admit_beam_search(handle, s) for s in specs])
         async with beam_lock:
             results = await asyncio.to_thread(lambda: [r for search in searches for r in search.run()])
         return results, sum(len(search.prompt_ids) for search in searches)
@@ -219,7 +219,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
             return envelope("chat.completion", new_id("chatcmpl"), model_name, choices, usage=usage)
-        requests = await _admit(lambda: _expand(handle, spec))  # compiles: a bad constraint fails here
+        requests = await _admit(lambda: admit(handle, spec))  # compiles: a bad constraint fails here
         calling = tools if tools is not None and tools.callable_tools else None
         submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("chatcmpl")
@@ -242,7 +242,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
                                         r.violations) for i, r in enumerate(beams)]  # fmt: skip
             return envelope("text_completion", new_id("cmpl"), model_name, choices,
                             usage=usage_json(prompt_tokens, beams))  # fmt: skip
-        groups = await _admit(lambda: [_expand(handle, s) for s in specs])
+        groups = await _admit(lambda: [admit(handle, s) for s in specs])
         requests = [r for group in groups for r in group]
         submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("cmpl")

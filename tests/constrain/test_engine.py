@@ -8,7 +8,7 @@ import pytest
 
 import constrain
 from constrain.engine import Engine
-from constrain.generate import _expand
+from constrain.generate import admit
 from constrain.loop import run
 
 SPECS = [
@@ -35,7 +35,7 @@ class Collector:
 
 
 def _alone(handle, spec):
-    requests = _expand(handle, spec)
+    requests = admit(handle, spec)
     run(handle, requests)
     return requests[0].output_ids
 
@@ -50,7 +50,7 @@ def engine(tiny):
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_more_requests_than_the_batch_cap_all_finish_with_their_own_tokens(tiny, max_batch):
     engine = Engine(tiny, max_batch=max_batch)
-    requests = [_expand(tiny, spec)[0] for spec in SPECS]
+    requests = [admit(tiny, spec)[0] for spec in SPECS]
     collect = Collector(len(requests))
     for r in requests:  # from several threads at once
         threading.Thread(target=engine.submit, args=([r], collect)).start()
@@ -64,7 +64,7 @@ def test_more_requests_than_the_batch_cap_all_finish_with_their_own_tokens(tiny,
 
 
 def test_cancel_a_waiting_and_a_running_request(tiny, engine):
-    long = [_expand(tiny, constrain.Request("Go:", max_tokens=500, sampling={"seed": k}))[0] for k in range(3)]
+    long = [admit(tiny, constrain.Request("Go:", max_tokens=500, sampling={"seed": k}))[0] for k in range(3)]
     collect = Collector(3)
     engine.submit(long, collect)
     for r in long:
@@ -86,12 +86,12 @@ def test_a_failed_step_ends_its_requests_and_the_engine_goes_on(tiny, engine):
 
     tiny.model.forward = failing
     try:
-        first = _expand(tiny, SPECS[0])
+        first = admit(tiny, SPECS[0])
         collect = Collector(1)
         engine.submit(first, collect)
         assert collect.done.wait(60)
         assert isinstance(collect.results[id(first[0])], RuntimeError)
-        second = _expand(tiny, SPECS[1])
+        second = admit(tiny, SPECS[1])
         collect = Collector(1)
         engine.submit(second, collect)
         assert collect.done.wait(60)
@@ -106,4 +106,4 @@ def test_bad_arguments_and_a_closed_engine(tiny):
     e = Engine(tiny)
     e.close()
     with pytest.raises(RuntimeError, match="closed"):
-        e.submit(_expand(tiny, SPECS[0]), lambda r, res: None)
+        e.submit(admit(tiny, SPECS[0]), lambda r, res: None)

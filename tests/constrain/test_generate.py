@@ -188,11 +188,11 @@ def test_jump_forward_speculation_and_overlap_change_no_token(tiny, sampling):
     outputs, logprobs, forwards = [], [], []
     original = tiny.model.forward
     for jump, overlap, speculative in ((False, False, False), (True, False, False), (True, True, True)):
-        requests = [r for spec in specs for r in gen._expand(tiny, spec)]
+        requests = [r for spec in specs for r in gen.admit(tiny, spec)]
         calls: list[int] = []
         tiny.model.forward = functools.partial(_counted, original, calls)
         try:
-            gen._run(tiny, requests, overlap=overlap, jump_forward=jump, speculative=speculative)
+            constrain.loop.run(tiny, requests, overlap=overlap, jump_forward=jump, speculative=speculative)
         finally:
             del tiny.model.forward
         outputs.append([(r.output_ids, r.text) for r in requests])

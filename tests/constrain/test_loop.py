@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import constrain
-from constrain.generate import _expand
+from constrain.generate import admit
 from constrain.loop import DecodeLoop
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items":
@@ -42,7 +42,7 @@ def _outputs(requests):
 def _staggered(handle, specs, joins_at, cancel=None):
     """Run ``specs[k]`` joining at step ``joins_at[k]``; ``cancel``: (request index, step)."""
     loop = DecodeLoop(handle)
-    requests = [_expand(handle, spec)[0] for spec in specs]
+    requests = [admit(handle, spec)[0] for spec in specs]
     step = 0
     while loop.busy or step <= max(joins_at):
         loop.add([r for r, at in zip(requests, joins_at, strict=True) if at == step])
@@ -86,7 +86,7 @@ def test_sliding_window_caches_make_joiners_wait_for_the_batch_to_drain(smol_tok
     handle = constrain.load_model((Gemma3ForCausalLM(config), smol_tokenizer))
     alone = [_outputs(_staggered(handle, [spec], [0]))[0] for spec in SPECS[:2]]
     loop = DecodeLoop(handle)
-    first, second = (_expand(handle, spec)[0] for spec in SPECS[:2])
+    first, second = (admit(handle, spec)[0] for spec in SPECS[:2])
     loop.add([first])
     loop.step()
     loop.add([second])
@@ -101,7 +101,7 @@ def test_sliding_window_caches_make_joiners_wait_for_the_batch_to_drain(smol_tok
 def test_loop_timings_cover_every_stage(sharp, jump_forward):
     timings: dict[str, float] = {}
     loop = DecodeLoop(sharp, timings, jump_forward=jump_forward)
-    loop.add(_expand(sharp, SPECS[0]))
+    loop.add(admit(sharp, SPECS[0]))
     while loop.busy:
         loop.step()
     assert set(timings) == {"forward", "mask", "sampler", "stop+detokenize"}
@@ -110,7 +110,7 @@ def test_loop_timings_cover_every_stage(sharp, jump_forward):
 def test_prefill_groups_bound_the_padding(sharp):
     from constrain.loop import _prefill_groups
 
-    requests = sorted((_expand(sharp, constrain.Request("x " * n))[0] for n in (1, 3, 30, 34, 200)),
+    requests = sorted((admit(sharp, constrain.Request("x " * n))[0] for n in (1, 3, 30, 34, 200)),
                       key=lambda r: len(r.prompt_ids))  # fmt: skip
     groups = [[len(r.prompt_ids) for r in g] for g in _prefill_groups(requests)]
     assert [len(g) for g in groups] == [2, 2, 1]
@@ -135,7 +135,7 @@ def test_prompts_sharing_a_prefix_are_prefilled_from_the_cache(sharp):
     sharp.model.forward = counted
     try:
         loop = DecodeLoop(sharp)
-        requests = [_expand(sharp, spec)[0] for spec in specs]
+        requests = [admit(sharp, spec)[0] for spec in specs]
         loop.add(requests[:1])
         loop.step()
         loop.add(requests[1:])  # join a running batch: prefilled after the shared preamble

@@ -12,7 +12,8 @@ import torch
 
 import constrain
 from constrain.cost import ForwardCost, forward_cost, measure_forward_cost
-from constrain.generate import _expand, _run, generate
+from constrain.generate import admit, generate
+from constrain.loop import run
 from constrain.speculative import (
     Acceptance,
     DraftModelProposer,
@@ -73,9 +74,9 @@ def _counted_forward(model):
 
 def _decode(handle, specs, speculative, cost=FREE):
     """(output ids and texts, forward passes of the target model) of one batched run."""
-    requests = [r for spec in specs for r in _expand(handle, spec)]
+    requests = [r for spec in specs for r in admit(handle, spec)]
     with _counted_forward(handle.model) as calls:
-        _run(handle, requests, speculative=speculative, forward_cost=cost)
+        run(handle, requests, speculative=speculative, forward_cost=cost)
     return [(r.output_ids, r.text) for r in requests], len(calls)
 
 
@@ -232,6 +233,6 @@ def test_default_speculation_changes_no_token(tiny, sampling):
     assert default == plain == given == free
     if sampling.get("temperature") == 0:
         assert free_passes < plain_passes, (free_passes, plain_passes)
-    letters = _expand(tiny, specs[0])
-    _run(tiny, letters, forward_cost=FREE)
+    letters = admit(tiny, specs[0])
+    run(tiny, letters, forward_cost=FREE)
     assert letters[0].acceptance.trials > 0
