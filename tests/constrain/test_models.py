@@ -12,8 +12,9 @@ import constrain
 from constrain.models import ModelNotFoundError, _PrepackedLinear, cache_dir, default_dtype, prepack_linears
 
 
-def test_default_model_loads_and_runs():
-    handle = constrain.load_model()
+@pytest.mark.real_model
+def test_default_model_loads_and_runs(smollm2):
+    handle = smollm2
     assert handle.vocab_size == 49152 == len(handle.tokenizer)
     eos = handle.tokenizer.convert_ids_to_tokens(list(handle.eos_token_ids))
     assert "<|im_end|>" in eos and "<|endoftext|>" in eos

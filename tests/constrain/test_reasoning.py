@@ -243,13 +243,14 @@ def test_server_reasoning_content_streaming_and_tools(thinker):
         server.stop()
 
 
-def test_default_model_thinks_then_answers():
+@pytest.mark.real_model
+def test_default_model_thinks_then_answers(smollm2):
     from pydantic import BaseModel
 
     class Apples(BaseModel):
         apples: int
 
-    model = constrain.load_model()
+    model = smollm2
     messages = [
         {"role": "system", "content": "Think step by step inside <think></think> tags, then give the answer as JSON."},
         {"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"},

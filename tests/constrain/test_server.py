@@ -328,8 +328,9 @@ def test_concurrent_clients_all_complete_valid(server):
     assert engine.peak_batch >= 8  # requests shared the batch
 
 
-def test_default_model_end_to_end():
-    handle = constrain.load_model()
+@pytest.mark.real_model
+def test_default_model_end_to_end(smollm2):
+    handle = smollm2
     s = Server(handle)
     try:
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}

@@ -389,8 +389,9 @@ def test_prompt_drops_the_bos_that_encoding_adds(gemma_tokenizer):
     assert prompt.startswith("You can call") and tokenizer.encode(prompt).count(tokenizer.bos_token_id) == 1
 
 
-def test_default_model_calls_tools_end_to_end():
-    handle = constrain.load_model()
+@pytest.mark.real_model
+def test_default_model_calls_tools_end_to_end(smollm2):
+    handle = smollm2
     messages = [{"role": "user", "content": "What is the weather like in Paris?"}]
     for choice in ("required", "get_weather"):
         r = constrain.chat(handle, messages, tools=[get_weather, add], tool_choice=choice, temperature=0,
