@@ -31,6 +31,7 @@ import json
 import string
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,13 +118,18 @@ class _Vocab:
         return best[-1], runs_past[:limit]
 
 
-_vocab_cache: dict[str, _Vocab] = {}
+VOCAB_CACHE_SIZE = 8
+"""Tokenizers whose closing tables are kept (least recently used dropped): a table holds every token's text."""
+
+_vocab_cache: OrderedDict[str, _Vocab] = OrderedDict()
 _vocab_lock = threading.Lock()
 
 
 def _vocab(info: TokenizerInfo) -> _Vocab:
     with _vocab_lock:
         found = _vocab_cache.get(info.fingerprint)
+        if found is not None:
+            _vocab_cache.move_to_end(info.fingerprint)
     if found is not None:
         return found
     chars: dict[str, int] = {}
@@ -156,6 +162,8 @@ def _vocab(info: TokenizerInfo) -> _Vocab:
     result = _Vocab(chars, pieces, commas, rank, char_ids, by_piece, sorted(by_piece), longest)
     with _vocab_lock:
         _vocab_cache[info.fingerprint] = result
+        while len(_vocab_cache) > VOCAB_CACHE_SIZE:
+            _vocab_cache.popitem(last=False)
     return result
 
 
