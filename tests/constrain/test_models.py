@@ -14,7 +14,9 @@ from constrain.models import ModelNotFoundError, _PrepackedLinear, cache_dir, de
 
 @pytest.mark.real_model
 def test_default_model_loads_and_runs(smollm2):
-    handle = smollm2
+    """Two fresh loads in this test (``smollm2``, loaded earlier in the session, may run other kernels
+    since: torch's thread count and oneDNN's choices are process state); it skips where it is absent."""
+    handle = constrain.load_model()
     assert handle.vocab_size == 49152 == len(handle.tokenizer)
     eos = handle.tokenizer.convert_ids_to_tokens(list(handle.eos_token_ids))
     assert "<|im_end|>" in eos and "<|endoftext|>" in eos
