@@ -192,9 +192,12 @@ class BeamSearch:
     def _offer(self, finished: list[_Finished], logprob: float, tokens: list[int]) -> None:
         """Keep the hypothesis if it is among the ``W`` best finished texts (``finished`` sorted, best
         first; of two tokenizations of one text, the better-scored stays)."""
+        full = len(finished) == self.num_beams
+        if full and self.score(logprob, len(tokens) if self.length_penalty > 0 else 1) <= finished[-1][0]:
+            return  # it cannot rank, whatever its text's length (at most its tokens): no decoding
         text = self._text(tokens)
         score = self.score(logprob, self.length(text, tokens))
-        if len(finished) == self.num_beams and score <= finished[-1][0]:
+        if full and score <= finished[-1][0]:
             return
         same = [i for i, f in enumerate(finished) if f[3] == text]
         if same and finished[same[0]][0] >= score:

@@ -143,8 +143,7 @@ class InFlight:
             self._emit("", [])  # the text is final (a trailing number completes)
             return
         if self.thinking is not None and self.thinking.open:  # ended while thinking: the rest is thinking
-            self.thinking.feed(-1, self.detok.finish())
-            self._emit_reasoning(self.thinking.flush(), [])
+            self._emit_reasoning(self.thinking.flush(self.detok.finish()), [])
             return
         update = self.stop.feed(self.detok.finish())
         if update.stopped:

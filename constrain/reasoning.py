@@ -230,9 +230,10 @@ class Thinking:
         self.text += delta
         return delta, None
 
-    def flush(self) -> str:
-        """At an early end (length, cancellation): the text held back, as the thinking's last delta."""
-        delta, self._raw = (self._raw if self.started else ""), ""
+    def flush(self, rest: str = "") -> str:
+        """At an early end (length, cancellation): ``rest`` (the detokenizer's last text) and the text held
+        back, as the thinking's last delta."""
+        delta, self._raw = (self._raw + rest if self.started else ""), ""
         self.text += delta
         return delta
 
