@@ -2,9 +2,9 @@
 
 For each MaskBench dev schema (a seeded sample), in both ``json_schema`` modes, compile with
 ``engine="xgrammar"`` and ``engine="llguidance"``; walk every text through both engines' masks
-(``constrain.testing.walk``, then ``is_completed``) and count where one accepts and the other
+(``constrain.testing.differential.walk``, then ``is_completed``) and count where one accepts and the other
 rejects. Texts: MaskBench's instances, a few drawn by hypothesis-jsonschema, and labelled
-mutations of a valid one (see ``constrain.testing.run_differential``). Disagreements are
+mutations of a valid one (see ``constrain.testing.differential.run_differential``). Disagreements are
 classified by likely cause, with examples in the ``--out`` report.
 
 Usage: ``python bench/differential.py [--sample N | --all] [--seed S] [--out report.json]``
@@ -28,7 +28,7 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.machine import machine_line  # noqa: E402
-from constrain.testing import DIFFERENTIAL_MODES, DifferentialCounts, run_differential  # noqa: E402
+from constrain.testing.differential import DIFFERENTIAL_MODES, DifferentialCounts, run_differential  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 DEFAULT_SAMPLE = 300

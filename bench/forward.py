@@ -1,6 +1,6 @@
 """Forward benchmark: ms per decode step of the default model (SmolLM2-135M) against its limit.
 
-A decode step is what :class:`constrain.loop.DecodeLoop` runs: one new token per row, fed with a
+A decode step is what :class:`constrain.decode.loop.DecodeLoop` runs: one new token per row, fed with a
 ``DynamicCache`` already holding ``--context`` tokens (rows of batch 8 left-padded by 0, 3, ..., 21
 tokens), the attention mask over the cache plus the new token and explicit position ids, under
 ``torch.inference_mode``; the full logits come out (the loop's output-layer hook only acts on
@@ -12,7 +12,7 @@ may be shared, and drift then hits every configuration alike.
 Configurations: float32 against bfloat16 (``load_model``'s pick is marked), ``sdpa`` against
 ``eager`` attention, 1 against 2 threads, all with transformers' own forward
 (``load_model(prepack=False)``); then variants, compared with their row of that grid: linear layers
-with their weights prepacked for oneDNN (:func:`constrain.models.prepack_linears`, what
+with their weights prepacked for oneDNN (:func:`constrain.models.loading.prepack_linears`, what
 ``load_model`` does by default for bfloat16 on a CPU with native bfloat16), ``no_grad`` against
 ``inference_mode``, float32 weights with oneDNN's bfloat16 matmul precision, oneDNN-layout linear
 layers (``torch.utils.mkldnn.to_mkldnn``), and ``torch.compile``: with dynamic shapes on the loop's
@@ -68,7 +68,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.models import _PrepackedLinear, default_dtype, prepack_linears  # noqa: E402
+from constrain.models.loading import _PrepackedLinear, default_dtype, prepack_linears  # noqa: E402
 
 BATCHES = (1, 8)
 COMPILE_LIMIT_S = 180

@@ -33,7 +33,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.cost import ForwardCost, forward_cost  # noqa: E402
+from constrain.models.cost import ForwardCost, forward_cost  # noqa: E402
 
 gen = importlib.import_module("constrain.generate")
 

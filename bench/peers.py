@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import constrain
-from constrain.compiler import choice_ebnf
+from constrain.compile.compiler import choice_ebnf
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 gen = importlib.import_module("constrain.generate")

@@ -5,8 +5,9 @@ compile for a tokenizer (``compile``, cached) into a ``CompiledConstraint``,
 whose per-request ``Matcher`` fills token bitmasks that ``sampler`` applies.
 """
 
-from constrain.compiler import CompiledConstraint, cache_stats, compile
-from constrain.constraints import (
+from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
+from constrain.compile.compiler import CompiledConstraint, cache_stats, compile
+from constrain.constraints.constraint import (
     Choice,
     Constraint,
     Grammar,
@@ -18,8 +19,12 @@ from constrain.constraints import (
     json_schema,
     regex,
 )
-from constrain.cost import ForwardCost
-from constrain.detokenizer import IncrementalDetokenizer
+from constrain.constraints.schema import CoverageEntry
+from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.partial import PartialJson, resolve
+from constrain.decode.reasoning import Reasoning
+from constrain.decode.speculative import DraftModelProposer, NgramProposer, Proposer
+from constrain.decode.stopping import StopText, StopUpdate
 from constrain.errors import (
     BeamSearchError,
     BudgetError,
@@ -32,18 +37,13 @@ from constrain.errors import (
     ToolError,
     UnsupportedSchemaError,
 )
-from constrain.export import export_model
 from constrain.generate import Request, agenerate, astream, generate, stream
-from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.models import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
-from constrain.partial import PartialJson, resolve
-from constrain.reasoning import Reasoning
+from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.models.cost import ForwardCost
+from constrain.models.export import export_model
+from constrain.models.loading import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.results import Beam, GenerationResult, StreamEvent, Usage
-from constrain.schema import CoverageEntry
-from constrain.speculative import DraftModelProposer, NgramProposer, Proposer
-from constrain.stopping import StopText, StopUpdate
-from constrain.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.tools import (
+from constrain.tools.calling import (
     ChatDelta,
     ChatResult,
     ParsedReply,

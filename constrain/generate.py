@@ -1,4 +1,4 @@
-"""What users call: ``generate``, ``stream`` and their async variants, over :mod:`constrain.loop`.
+"""What users call: ``generate``, ``stream`` and their async variants, over :mod:`constrain.decode.loop`.
 
 Every argument is checked and every constraint compiled before the first forward pass; a list of
 prompts (each a :class:`Request` with its own constraint and parameters) runs as one batch.
@@ -12,20 +12,30 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from constrain.beams import BeamSearch, check_beam_options, check_sampling
-from constrain.compiler import compile
-from constrain.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, choice, grammar, json_schema, regex
-from constrain.cost import ForwardCost
-from constrain.detokenizer import IncrementalDetokenizer
+from constrain.backends.tokenizer import tokenizer_info
+from constrain.compile.compiler import compile
+from constrain.constraints.constraint import (
+    Choice,
+    Constraint,
+    Grammar,
+    JsonSchema,
+    Regex,
+    choice,
+    grammar,
+    json_schema,
+    regex,
+)
+from constrain.decode.beams import BeamSearch, check_beam_options, check_sampling
+from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.loop import InFlight, resolve_proposer
+from constrain.decode.loop import run as _run
+from constrain.decode.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
+from constrain.decode.speculative import Proposer
+from constrain.decode.stopping import StopText
 from constrain.errors import BeamSearchError
-from constrain.loop import InFlight, resolve_proposer
-from constrain.loop import run as _run
-from constrain.models import ModelHandle, load_model
-from constrain.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
+from constrain.models.cost import ForwardCost
+from constrain.models.loading import ModelHandle, load_model
 from constrain.results import GenerationResult, StreamEvent
-from constrain.speculative import Proposer
-from constrain.stopping import StopText
-from constrain.tokenizer import tokenizer_info
 from sampler import InvalidSamplingParamsError, SamplingParams
 
 __all__ = ["Request", "admit", "admit_beam_search", "agenerate", "astream", "generate", "stream"]
@@ -93,8 +103,8 @@ class Request:
 
 
 def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
-    """Admission: the ``n`` in-flight requests of one :class:`Request`, for a :class:`~constrain.loop.DecodeLoop`
-    or an :class:`~constrain.engine.Engine`. Every argument is checked and the constraint compiled here, up
+    """Admission: the ``n`` in-flight requests of one :class:`Request`, for a :class:`~constrain.decode.loop.DecodeLoop`
+    or an :class:`~constrain.serving.engine.Engine`. Every argument is checked and the constraint compiled here, up
     front: a bad request raises (``ValueError``, a :class:`ConstraintError`, ``InvalidSamplingParamsError``)
     before anything runs. A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`."""
     if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
@@ -165,7 +175,7 @@ def _thinking(
 
 
 def admit_beam_search(handle: ModelHandle, spec: Request) -> BeamSearch:
-    """The beam search of ``spec`` (any ``num_beams``), every argument checked: see :mod:`constrain.beams`."""
+    """The beam search of ``spec`` (any ``num_beams``), every argument checked: see :mod:`constrain.decode.beams`."""
     check_beam_options(spec.num_beams, spec.length_penalty)
     check_sampling(spec.sampling)
     for name in ("stop", "stop_regex", "reasoning"):
@@ -239,10 +249,10 @@ def generate(
     reasoning : bool, dict, Reasoning or None, default: None
         Think first, then answer: the model writes freely between the thinking tags (the chat
         template's, or given), the constraint applies from the end tag on. ``{"max_tokens": N}``
-        bounds the thinking (the end tag is forced when it runs out). See :mod:`constrain.reasoning`.
+        bounds the thinking (the end tag is forced when it runs out). See :mod:`constrain.decode.reasoning`.
     num_beams : int, default: 1
         Beam search under the constraint when > 1: every finished beam is complete and valid
-        (``GenerationResult.beams``, best first); ``n`` then returns the ``n`` best. See :mod:`constrain.beams`.
+        (``GenerationResult.beams``, best first); ``n`` then returns the ``n`` best. See :mod:`constrain.decode.beams`.
     length_penalty : float, default: 1.0
         Beams are ranked by ``logprob / max(length, 1) ** length_penalty`` (length: the text's tokens as
         the tokenizer writes it, whichever tokens the beam took).
@@ -255,7 +265,7 @@ def generate(
         :class:`DraftModelProposer` drafts with a small model of the same vocabulary; ``False``
         drafts nothing. Same verification, same tokens. Each step feeds only the drafts expected to
         pay for the wider pass, from each request's acceptance so far and the model's forward cost
-        (measured on first use, about half a second on a CPU: :func:`constrain.cost.forward_cost`).
+        (measured on first use, about half a second on a CPU: :func:`constrain.models.cost.forward_cost`).
     forward_cost : ForwardCost or None, default: None
         The model's forward cost by tokens fed, for hardware you know (None: measured). The drafts
         fed depend on it, and a pass of several tokens can change the logits' last bits (visible in

@@ -35,7 +35,7 @@ class Beam:
     value: Any
     token_ids: list[int]
     logprob: float  # the sum of its tokens' log-probabilities, each renormalised over the grammar's mask
-    score: float  # ``logprob / max(length, 1) ** length_penalty``, length: its text's tokens (constrain.beams)
+    score: float  # ``logprob / max(length, 1) ** length_penalty``, length: its text's tokens (constrain.decode.beams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,6 @@ class StreamEvent:
     partial: Any = None  # with schema=: the JSON value parsed so far (incomplete strings and all)
     part: Part = "answer"  # which part ``delta`` belongs to
     # with schema=: the value so far, complete values only (a Pydantic model's: an instance, its complete
-    # fields validated and the rest None; see constrain.partial); the whole validated value once complete
+    # fields validated and the rest None; see constrain.decode.partial); the whole validated value once complete
     value: Any = None
     completed: tuple[str, ...] = ()  # with schema=: JSON pointers of the values this step completed, innermost first

@@ -4,7 +4,7 @@
 2. stream with ``schema=Person``: each event carries ``completed`` (the JSON pointers of the values
    that became final on that step) and ``value`` (a ``Person`` whose complete fields are validated,
    the others None);
-3. read a completed field with ``constrain.partial.resolve(event.value, pointer)``.
+3. read a completed field with ``constrain.decode.partial.resolve(event.value, pointer)``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 import constrain
-from constrain.partial import resolve
+from constrain.decode.partial import resolve
 
 
 class Address(BaseModel):

@@ -5,16 +5,16 @@ integrations give it, per request, a :class:`Guide` that follows the tokens it t
 request's row of the token bitmask. The guide keeps what constrain's own loop guarantees that a mask
 can give:
 
-- the constraint, EOS only where the grammar can end (the :class:`~constrain.matcher.Matcher`, value
+- the constraint, EOS only where the grammar can end (the :class:`~constrain.match.matcher.Matcher`, value
   checks included);
-- termination within ``max_tokens``: the closing path (:func:`constrain.closing.completion`) is
+- termination within ``max_tokens``: the closing path (:func:`constrain.match.closing.completion`) is
   re-estimated near the end (every step once the tokens left come down to twice its length plus
   ``NEAR``); there, where at most :data:`VET_TOKENS` tokens are allowed, each is kept only if a closing
   fits after it, and once the tokens left come down to its length plus :data:`SLACK` the mask allows
-  only its next token. Unlike the loop's :class:`~constrain.closing.Budget`, which vets the sampled
+  only its next token. Unlike the loop's :class:`~constrain.match.closing.Budget`, which vets the sampled
   token, a mask cannot see it: where many tokens are allowed near the end, one that lengthens the
   closing path by more than ``SLACK`` tokens can still run the output past ``max_tokens``;
-- the repetition guard (:class:`~constrain.closing.RepetitionGuard`) for JSON and tool constraints.
+- the repetition guard (:class:`~constrain.match.closing.RepetitionGuard`) for JSON and tool constraints.
 
 Per-request arguments arrive as a mapping, or its JSON text (:func:`guide_spec`), so that a server's
 string-valued extra arguments can carry a schema.
@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from constrain.closing import NEAR, Budget, RepetitionGuard, completion
-from constrain.compiler import compile
-from constrain.constraints import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
-from constrain.detokenizer import IncrementalDetokenizer
-from constrain.keys import clear_bits
-from constrain.loop import GUARD_WINDOW
-from constrain.matcher import Matcher
-from constrain.tools import tool_calling
+from constrain.compile.compiler import compile
+from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
+from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.loop import GUARD_WINDOW
+from constrain.match.closing import NEAR, Budget, RepetitionGuard, completion
+from constrain.match.keys import clear_bits
+from constrain.match.matcher import Matcher
+from constrain.tools.calling import tool_calling
 
 __all__ = ["CONSTRAINT_KEYS", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from constrain.constraints import Constraint
+from constrain.constraints.constraint import Constraint
 from constrain.integrations.guide import Guide, GuideSpec, guide_spec
-from constrain.matcher import allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.models import end_token_ids
+from constrain.match.matcher import allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.models.loading import end_token_ids
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 __all__ = ["ConstrainLogitsProcessor"]

@@ -1,4 +1,4 @@
-"""Beam search under a grammar (``constrain.beams``): against brute-force enumeration of every output the
+"""Beam search under a grammar (``constrain.decode.beams``): against brute-force enumeration of every output the
 grammar allows, scored by the same model; every finished beam valid; arguments; the server's options.
 
 The model is the random-weight 2-layer Llama (``tiny``): its text is noise, but its log-probabilities
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import constrain
-from constrain.beams import BeamSearch
+from constrain.decode.beams import BeamSearch
 from constrain.errors import BeamSearchError
-from constrain.matcher import allocate_token_bitmask
-from constrain.testing import LocalServer
+from constrain.match.matcher import allocate_token_bitmask
+from constrain.testing.differential import LocalServer
 from sampler.ops.bitmask import bitmask_penalty
 
 PROMPT = "Pick one:"
@@ -311,7 +311,7 @@ def test_server_refuses_bad_beam_options(server, extra, param):
 def test_the_loops_projection_hook_leaves_other_threads_alone(tiny):
     """The decode loop narrows the output layer to its draft slots during its forward; a beam search on
     the server's worker thread, running the same model at that moment, must get every position."""
-    from constrain.loop import _project_only
+    from constrain.decode.loop import _project_only
 
     slots = (torch.tensor([0]), torch.tensor([1]))
     ids = torch.tensor([tiny.tokenizer.encode(PROMPT)])  # [1, T]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from constrain.cli import main
+from constrain.serving.cli import main
 
 
 @pytest.fixture(scope="module")

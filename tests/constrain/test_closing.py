@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 
 import constrain
-from constrain import closing
-from constrain.closing import RepetitionGuard, completion
 from constrain.generate import generate
-from constrain.testing import TERMINATION_WORKLOADS, allowed_ids
+from constrain.match import closing
+from constrain.match.closing import RepetitionGuard, completion
+from constrain.testing.differential import TERMINATION_WORKLOADS, allowed_ids
 
 ALPHABET = '{}[]",:0123ab-.tn '
 

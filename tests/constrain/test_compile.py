@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import constrain
-from constrain.cache import ByteLRU
-from constrain.testing import accepts, allowed_ids, token_ids, walk
+from constrain.compile.cache import ByteLRU
+from constrain.testing.differential import accepts, allowed_ids, token_ids, walk
 
 
 def spec(schema, **options):

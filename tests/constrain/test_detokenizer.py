@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from constrain.detokenizer import IncrementalDetokenizer
+from constrain.decode.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     '{"name": "Zoë", "city": "Zürich"}',

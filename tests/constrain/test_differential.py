@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import constrain
-from constrain.testing import (
+from constrain.testing.differential import (
     DIFFERENTIAL_MODES,
     DifferentialCounts,
     accepts,
@@ -45,11 +45,11 @@ SAMPLE_OPTIONS: dict[str, Any] = {
 
 KNOWN_GENERATION: dict[str, str] = {
     "string: escape in a length-bounded string": "xgrammar spells a character of a string with minLength or "
-    "maxLength without escapes (constrain.compiler._JSON_CHARACTER: 300x faster masks); llguidance takes them",
+    "maxLength without escapes (constrain.compile.compiler._JSON_CHARACTER: 300x faster masks); llguidance takes them",
     "xgrammar accepts a violation of format": "xgrammar's format regexes are looser than the format checker "
     "(a date takes days 29 to 31 in every month; llguidance checks the calendar); validate() flags the text",
     "llguidance grammar superset: minProperties": "llguidance refuses minProperties beside optional keys: dropped "
-    "and checked by validate() (constrain.llg.llguidance_schema)",
+    "and checked by validate() (constrain.backends.llguidance.llguidance_schema)",
     "llguidance grammar superset: maxProperties": "as minProperties",
     "llguidance mask narrower than its grammar": "where the grammar forces bytes (the rest of an enum value, a "
     "key), llguidance's mask allows its own tokenization of them only; xgrammar's, every one",
@@ -249,7 +249,7 @@ def test_fixed_disagreement_stays_fixed(smol_tokenizer, cause, mode, schema, tex
 
 def test_required_in_any_order_is_enforced_at_the_object_end(smol_tokenizer):
     """xgrammar's any-order objects can skip a required key: coverage says so, and the mask refuses the
-    closing brace of an object without it (constrain.values)."""
+    closing brace of an object without it (constrain.match.values)."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
               "required": ["a"], "additionalProperties": False}  # fmt: skip
     compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")

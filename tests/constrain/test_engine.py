@@ -7,9 +7,9 @@ import threading
 import pytest
 
 import constrain
-from constrain.engine import Engine
+from constrain.decode.loop import run
 from constrain.generate import admit
-from constrain.loop import run
+from constrain.serving.engine import Engine
 
 SPECS = [
     constrain.Request("Code:", regex=r"[a-z]{3}-\d{3}", sampling={"seed": k}) if k % 2 else

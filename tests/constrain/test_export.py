@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import constrain
-import constrain.export
-from constrain.cli import main
-from constrain.export import export_model
+import constrain.models.export
+from constrain.models.export import export_model
+from constrain.serving.cli import main
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
@@ -139,7 +139,7 @@ def test_cli_rejects_a_bad_folder_before_loading(tmp_path, capsys, monkeypatch):
     def load_model(*args, **kwargs):
         raise AssertionError("the folder is checked before the model is loaded")
 
-    monkeypatch.setattr(constrain.export, "load_model", load_model)
+    monkeypatch.setattr(constrain.models.export, "load_model", load_model)
     (tmp_path / "notes.txt").write_text("keep me")
     assert main(["export", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -140,7 +140,7 @@ def test_bad_arguments_fail_before_generating(tiny):
 def test_default_model_end_to_end(smollm2):
     handle = smollm2
     prompt = [{"role": "user", "content": "Extract the person: Maria Lopez, 42, lives in Madrid. Answer in JSON."}]
-    schema = json.loads((constrain.models.Path(__file__).parents[2] / "examples/data/person.json").read_text())
+    schema = json.loads((constrain.models.loading.Path(__file__).parents[2] / "examples/data/person.json").read_text())
     r = generate(handle, prompt, schema=schema, max_tokens=80, temperature=0)
     assert r.valid and r.finish_reason == "stop"
     assert r.value["name"] == "Maria Lopez" and r.value["age"] == 42
@@ -195,7 +195,7 @@ def test_jump_forward_speculation_and_overlap_change_no_token(tiny, sampling):
         calls: list[int] = []
         tiny.model.forward = functools.partial(_counted, original, calls)
         try:
-            constrain.loop.run(tiny, requests, overlap=overlap, jump_forward=jump, speculative=speculative)
+            constrain.decode.loop.run(tiny, requests, overlap=overlap, jump_forward=jump, speculative=speculative)
         finally:
             del tiny.model.forward
         outputs.append([(r.output_ids, r.text) for r in requests])
@@ -235,19 +235,21 @@ def test_jump_forward_keeps_the_sampled_distribution(smol_tokenizer):
 
 def test_closing_a_stream_early_cancels_its_request(tiny, monkeypatch):
     """The worker stops decoding once the caller has closed the iterator: it does not run to max_tokens."""
-    import constrain.loop
+    import constrain.decode.loop
 
     finished, ended = [], threading.Event()
-    original = constrain.loop.InFlight.finish
+    original = constrain.decode.loop.InFlight.finish
 
     def finish(self, reason, error=None):
         finished.append(reason)
         original(self, reason, error)
         ended.set()
 
-    monkeypatch.setattr(constrain.loop.InFlight, "finish", finish)
+    monkeypatch.setattr(constrain.decode.loop.InFlight, "finish", finish)
     steps = []
-    monkeypatch.setattr(constrain.loop.DecodeLoop, "step", _counting(constrain.loop.DecodeLoop.step, steps))
+    monkeypatch.setattr(
+        constrain.decode.loop.DecodeLoop, "step", _counting(constrain.decode.loop.DecodeLoop.step, steps)
+    )
     iterator = constrain.stream(tiny, "Hello", max_tokens=1000, temperature=1.0, seed=0, speculative=False)
     for i, _ in enumerate(iterator):
         if i == 3:

@@ -11,8 +11,8 @@ import pytest
 
 import constrain
 from constrain.generate import generate
-from constrain.protocol import ChatCompletionRequest, chat_requests
-from constrain.testing import allowed_ids, token_ids, walk
+from constrain.serving.protocol import ChatCompletionRequest, chat_requests
+from constrain.testing.differential import allowed_ids, token_ids, walk
 
 ENGINES = ("xgrammar", "llguidance")
 
@@ -179,7 +179,7 @@ def test_formatting_is_forced_text(smol_tokenizer, engine):
 def test_generation_defaults_everywhere(tiny):
     """Python API, server (json_schema without strict, json_object) and tools take generation mode."""
     from constrain.generate import _constraint
-    from constrain.tools import tool_calling
+    from constrain.tools.calling import tool_calling
 
     assert _constraint(PROFILE, None, None, None, None) == constrain.json_schema(PROFILE)
     body = ChatCompletionRequest.model_validate(

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
-from constrain.models import ModelNotFoundError, _PrepackedLinear, cache_dir, default_dtype, prepack_linears
+from constrain.models.loading import ModelNotFoundError, _PrepackedLinear, cache_dir, default_dtype, prepack_linears
 
 
 @pytest.mark.real_model
@@ -39,7 +39,7 @@ def test_a_model_tokenizer_pair(smol_tokenizer):
 
 def test_missing_models_say_what_to_do():
     with pytest.raises(ValueError, match="unknown packaged model"):
-        constrain.models.gguf_path("gpt-5")
+        constrain.models.loading.gguf_path("gpt-5")
     with pytest.raises(ModelNotFoundError, match="neither a packaged model"):
         constrain.load_model("/nowhere/model.bin")
     with pytest.raises(ValueError, match="pair"):

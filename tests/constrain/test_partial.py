@@ -1,4 +1,4 @@
-"""Typed partial values while streaming (constrain.partial): complete pointers against a reference built
+"""Typed partial values while streaming (constrain.decode.partial): complete pointers against a reference built
 with the text, typed snapshots, and a stream whose tokens arrive one character at a time."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import constrain
-from constrain.partial import PartialJson, pointer_token, resolve
+from constrain.decode.partial import PartialJson, pointer_token, resolve
 
 # --- a reference: the JSON text written with the span of every value -------------------------------
 

@@ -1,4 +1,4 @@
-"""Reasoning mode: free thinking between tags, then the constrained answer (constrain.reasoning)."""
+"""Reasoning mode: free thinking between tags, then the constrained answer (constrain.decode.reasoning)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import constrain
+from constrain.backends.tokenizer import tokenizer_info
+from constrain.decode.reasoning import Thinking, _thinking_masks, template_tags
 from constrain.errors import ReasoningError
-from constrain.reasoning import Thinking, _thinking_masks, template_tags
-from constrain.testing import WEATHER_TOOL, LocalServer, allowed_ids
-from constrain.tokenizer import tokenizer_info
+from constrain.testing.differential import WEATHER_TOOL, LocalServer, allowed_ids
 
 SCHEMA = {
     "type": "object",

@@ -20,9 +20,9 @@ import pytest
 import regex as regex_module
 
 import constrain
-from constrain.testing import PERSON_SCHEMA as PERSON
-from constrain.testing import WEATHER_TOOL as WEATHER
-from constrain.testing import LocalServer
+from constrain.testing.differential import PERSON_SCHEMA as PERSON
+from constrain.testing.differential import WEATHER_TOOL as WEATHER
+from constrain.testing.differential import LocalServer
 
 TIME = {
     "type": "function",
@@ -248,7 +248,7 @@ def test_a_budget_closed_result_finishes_with_stop_and_says_so(server):
 
 
 def test_only_a_complete_valid_closed_result_becomes_stop():
-    from constrain.protocol import finish_fields
+    from constrain.serving.protocol import finish_fields
 
     closed = constrain.GenerationResult("{}", {}, "length", [1], constrain.Usage(1, 1), closed_early=True,
                                         forced_tokens=2)  # fmt: skip
@@ -353,7 +353,7 @@ def test_serve_freezes_the_startup_heap(tiny, monkeypatch):
 
     import uvicorn
 
-    from constrain.server import serve
+    from constrain.serving.server import serve
 
     ran = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.append((app, options)))
@@ -371,12 +371,12 @@ def test_serve_freezes_the_startup_heap(tiny, monkeypatch):
 
 def test_an_internal_value_error_is_a_500_not_a_400(server, monkeypatch):
     """Only errors raised while admitting a request are the client's: a ValueError later is our bug."""
-    import constrain.server
+    import constrain.serving.server
 
     def broken(*args, **kwargs):
         raise ValueError("a bug of ours")
 
-    monkeypatch.setattr(constrain.server, "_chat_choice", broken)
+    monkeypatch.setattr(constrain.serving.server, "_chat_choice", broken)
     with pytest.raises(openai.InternalServerError) as caught:
         _chat(server, max_tokens=4, seed=1)
     assert caught.value.status_code == 500 and "a bug of ours" not in str(caught.value)

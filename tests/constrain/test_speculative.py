@@ -11,10 +11,8 @@ import pytest
 import torch
 
 import constrain
-from constrain.cost import ForwardCost, forward_cost, measure_forward_cost
-from constrain.generate import admit, generate
-from constrain.loop import run
-from constrain.speculative import (
+from constrain.decode.loop import run
+from constrain.decode.speculative import (
     Acceptance,
     DraftModelProposer,
     NgramProposer,
@@ -22,6 +20,8 @@ from constrain.speculative import (
     ngram_proposal,
     plan_drafts,
 )
+from constrain.generate import admit, generate
+from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost
 
 SCHEMA = {
     "type": "object",

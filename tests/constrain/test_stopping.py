@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from constrain.decode.stopping import StopText
 from constrain.errors import RegexError
-from constrain.stopping import StopText
 
 
 def _run(stop: StopText, deltas: list[str]) -> tuple[str, bool, list[str]]:

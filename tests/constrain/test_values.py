@@ -1,4 +1,4 @@
-"""Keywords beyond a grammar, enforced by the mask at value boundaries (constrain.values).
+"""Keywords beyond a grammar, enforced by the mask at value boundaries (constrain.match.values).
 
 Every table row is walked token by token with the mask alone (``accepts``: each token must be allowed by
 the filled mask, and the matcher must be able to end); post-validation plays no part.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import constrain
-from constrain import compiler
-from constrain.compiler import AT_BOUNDARIES
-from constrain.testing import accepts
+from constrain.compile import compiler
+from constrain.compile.compiler import AT_BOUNDARIES
+from constrain.testing.differential import accepts
 
 
 def spec(schema):
@@ -168,7 +168,7 @@ def test_a_declared_key_written_as_an_extra_key_keeps_its_schema(smol_tokenizer)
 def test_the_lookahead_refuses_what_leads_only_to_invalid_values(smol_tokenizer):
     """The engines' date regexes know no month lengths: after "2023-02-3 they allow 0 and 1, and each
     forces the closing quote of an invalid date. Looking two steps ahead, the mask refuses the 3."""
-    from constrain.testing import token_ids, walk
+    from constrain.testing.differential import token_ids, walk
 
     compiled = constrain.compile(spec({"type": "string", "format": "date"}), smol_tokenizer)
     assert accepts(compiled, smol_tokenizer, '"2024-02-29"') and accepts(compiled, smol_tokenizer, '"2023-03-31"')
@@ -178,7 +178,7 @@ def test_the_lookahead_refuses_what_leads_only_to_invalid_values(smol_tokenizer)
 
 
 def test_matcher_state_follows_rollback_and_fork(smol_tokenizer):
-    from constrain.testing import token_ids
+    from constrain.testing.differential import token_ids
 
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     compiled = constrain.compile(spec(schema), smol_tokenizer)
@@ -300,7 +300,7 @@ PLAIN = {"type": "function", "function": {"name": "plain", "parameters": {
 def test_tool_arguments_are_checked(smol_tokenizer, fmt, choice):
     """Each call's arguments are checked against their tool's schema, in every call of a reply; text
     before the calls that merely looks like one is not."""
-    from constrain.tools import tool_calling
+    from constrain.tools.calling import tool_calling
 
     spec = tool_calling([TAGS, PLAIN], tool_choice=choice, format=fmt)
     compiled = compiler.compile(spec.constraint(), smol_tokenizer)
@@ -317,7 +317,7 @@ def test_tool_arguments_are_checked(smol_tokenizer, fmt, choice):
 
 
 def test_exact_tool_grammars_run_no_checks(smol_tokenizer):
-    from constrain.tools import tool_calling
+    from constrain.tools.calling import tool_calling
 
     assert compiler.compile(tool_calling([PLAIN]).constraint(), smol_tokenizer).value_checks is None
 

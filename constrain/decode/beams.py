@@ -3,7 +3,7 @@
 ``generate(model, prompt, schema=..., num_beams=W)`` builds a :class:`BeamSearch` (every argument
 checked up front) and runs it: the prompt is prefilled once; each step runs one forward pass for the
 live beams (the KV cache reordered to follow them, a beam's rows duplicated where it has several
-children), fills each beam's bitmask from its own :class:`~constrain.matcher.Matcher` (its parent's,
+children), fills each beam's bitmask from its own :class:`~constrain.match.matcher.Matcher` (its parent's,
 forked, plus the token it took), and expands every beam by every allowed token with
 :func:`sampler.beam_search_step`.
 
@@ -46,7 +46,7 @@ checks it against brute-force enumeration). Below that it is a heuristic, as eve
 Decisions
 ---------
 - Every finished beam is complete and valid: a beam whose value checks reach a dead end (no allowed
-  token can make a valid value, see :class:`~constrain.matcher.Matcher`) dies there, and each finished
+  token can make a valid value, see :class:`~constrain.match.matcher.Matcher`) dies there, and each finished
   beam is validated like any result (one that fails, which a lenient schema allows, is dropped).
 - ``n <= num_beams`` results: the ``n`` best finished beams, best first, each with ``beams`` (the up
   to ``W`` best finished, best first). Fewer when fewer finished; when none did, one result: the best
@@ -72,13 +72,13 @@ from typing import Any
 
 import torch
 
-from constrain import cost
-from constrain.compiler import CompiledConstraint
-from constrain.detokenizer import IncrementalDetokenizer
+from constrain.compile.compiler import CompiledConstraint
+from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.loop import check_output
 from constrain.errors import BeamSearchError
-from constrain.loop import check_output
-from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.models import ModelHandle
+from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.models import cost
+from constrain.models.loading import ModelHandle
 from constrain.results import Beam, GenerationResult, Usage
 from sampler import SamplingParams, beam_search_step
 

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 import xgrammar as xgr
 
-from constrain import llg
-from constrain.keys import KeyState
-from constrain.llg import LlgState
-from constrain.values import DEAD_END, VIABLE, CallValues, ValueState
+from constrain.backends import llguidance as llg
+from constrain.backends.llguidance import LlgState
+from constrain.match.keys import KeyState
+from constrain.match.values import DEAD_END, VIABLE, CallValues, ValueState
 
 if TYPE_CHECKING:
-    from constrain.compiler import CompiledConstraint
+    from constrain.compile.compiler import CompiledConstraint
 
 __all__ = ["LOOKAHEAD_PROBES", "Matcher", "allocate_token_bitmask", "fill_next_token_bitmasks"]
 
@@ -49,9 +49,9 @@ class Matcher:
 
     EOS ids are allowed exactly when the grammar can end, and accepting one
     terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
-    a :class:`~constrain.keys.KeyState` per accepted token masks out and refuses any token that
+    a :class:`~constrain.match.keys.KeyState` per accepted token masks out and refuses any token that
     would complete a key its object already has. Where the schema has keywords beyond the grammar
-    (``compiled.value_checks``), a :class:`~constrain.values.ValueState` per accepted token masks out
+    (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token masks out
     and refuses any token that would complete a value that cannot be valid, unless no allowed token is
     left: that step is a *dead end* (``dead_ends``), the mask stays the grammar's and the value is
     taken as it comes. A fork made for a search (``fork(search=True)``) does not look ahead, and allows

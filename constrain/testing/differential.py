@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from constrain.compiler import CompiledConstraint
-from constrain.compiler import compile as compile_constraint
-from constrain.constraints import SEPARATORS, JsonSchema, json_schema
+from constrain.compile.compiler import CompiledConstraint
+from constrain.compile.compiler import compile as compile_constraint
+from constrain.constraints.constraint import SEPARATORS, JsonSchema, json_schema
+from constrain.constraints.schema import resolve_local
 from constrain.errors import ConstraintError
-from constrain.matcher import Matcher, allocate_token_bitmask
-from constrain.schema import resolve_local
+from constrain.match.matcher import Matcher, allocate_token_bitmask
 
 __all__ = [
     "PERSON_SCHEMA",
@@ -181,7 +181,7 @@ WEATHER_TOOL = {
 class LocalServer:
     """The OpenAI-compatible server on a free loopback port, run by uvicorn in a daemon thread.
 
-    ``url`` is its address; :meth:`stop` ends it. ``options`` go to :func:`constrain.server.create_app`;
+    ``url`` is its address; :meth:`stop` ends it. ``options`` go to :func:`constrain.serving.server.create_app`;
     ``RuntimeError`` when it has not started within ``start_timeout_s`` seconds (or its thread died).
     """
 
@@ -192,7 +192,7 @@ class LocalServer:
 
         import uvicorn
 
-        from constrain.server import create_app
+        from constrain.serving.server import create_app
 
         self.app = create_app(handle, **options)
         self.model = handle.name
@@ -221,7 +221,7 @@ DIFFERENTIAL_ENGINES = ("xgrammar", "llguidance")
 """The engines a differential run compares, in the order its counts name them."""
 
 DIFFERENTIAL_MODES = ("generation", "specification")
-"""The :func:`~constrain.constraints.json_schema` modes a differential run compiles each schema in."""
+"""The :func:`~constrain.constraints.constraint.json_schema` modes a differential run compiles each schema in."""
 
 
 class _HypothesisDone(Exception):
@@ -904,7 +904,7 @@ _VIOLATIONS = (
 
 
 def _violated(message: str) -> str:
-    """The keyword a :meth:`~constrain.compiler.CompiledConstraint.validate` message reports."""
+    """The keyword a :meth:`~constrain.compile.compiler.CompiledConstraint.validate` message reports."""
     return next((keyword for words, keyword in _VIOLATIONS if words in message), "another keyword")
 
 

@@ -22,11 +22,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from constrain.models import ModelHandle, load_model
+from constrain.models.loading import ModelHandle, load_model
 
 __all__ = ["export_model"]
 
-EXPORT_MARK = {"format": "pt", "written_by": "constrain.export"}
+EXPORT_MARK = {"format": "pt", "written_by": "constrain.models.export"}
 """The metadata of an exported ``model.safetensors``: it marks a folder as a previous export."""
 
 
@@ -41,7 +41,7 @@ def export_model(
 
     Parameters
     ----------
-    model : ModelHandle, or anything :func:`~constrain.models.load_model` takes
+    model : ModelHandle, or anything :func:`~constrain.models.loading.load_model` takes
         A name or path is loaded in ``dtype`` (float32 when None: lossless for the packaged GGUF
         models, which are dequantized to float32); a ``(model, tokenizer)`` pair keeps its dtype.
     folder : str or Path

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from constrain.constraints import JsonSchema, Regex
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.constraints.constraint import JsonSchema, Regex
 from constrain.errors import BudgetError
-from constrain.matcher import Matcher, allocate_token_bitmask
-from constrain.tokenizer import TokenizerInfo
+from constrain.match.matcher import Matcher, allocate_token_bitmask
 
 __all__ = ["FANOUT", "NEAR", "Budget", "RepetitionGuard", "completion"]
 

@@ -15,7 +15,7 @@ them again:
   key by themselves, by scanning them.
 
 Keys compare as written: a key spelled again with other escapes (``"\\u0061"`` for ``"a"``) is not
-caught. The :class:`~constrain.matcher.Matcher` applies this to every mask it fills and refuses such a
+caught. The :class:`~constrain.match.matcher.Matcher` applies this to every mask it fills and refuses such a
 token in ``accept_token``, so sampling, jump-forward, speculation and the closing path all see it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
-from constrain.tokenizer import TokenizerInfo
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
 
 __all__ = ["KeyState", "clear_bits", "may_repeat_keys"]
 

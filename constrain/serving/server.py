@@ -28,12 +28,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from constrain.engine import Engine
+from constrain.decode.loop import InFlight
 from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
 from constrain.generate import Request, admit, admit_beam_search
-from constrain.loop import InFlight
-from constrain.models import ModelHandle
-from constrain.protocol import (
+from constrain.models.loading import ModelHandle
+from constrain.results import GenerationResult, StreamEvent
+from constrain.serving.engine import Engine
+from constrain.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_logprobs,
@@ -46,13 +47,12 @@ from constrain.protocol import (
     new_id,
     usage_json,
 )
-from constrain.results import GenerationResult, StreamEvent
-from constrain.tools import ToolCalling, tool_call_json
+from constrain.tools.calling import ToolCalling, tool_call_json
 from sampler.errors import SamplerError
 
 __all__ = ["create_app", "serve"]
 
-log = logging.getLogger("constrain.server")
+log = logging.getLogger("constrain.serving.server")
 T = TypeVar("T")
 
 
@@ -188,7 +188,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     beam_lock = asyncio.Lock()  # one beam search at a time, beside the engine's batch
 
     async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
-        """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.beams`), every
+        """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.decode.beams`), every
         one checked first, then run one by one on a worker thread, outside the engine's batch."""
         searches = await _admit(lambda: [admit_beam_search(handle, s) for s in specs])
         async with beam_lock:
@@ -214,7 +214,7 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
         check_model(body.model)
         spec, tools = await _admit(lambda: chat_requests(body, handle))
-        if body.use_beam_search:  # (a tool that may be called is refused: constrain.beams)
+        if body.use_beam_search:  # (a tool that may be called is refused: constrain.decode.beams)
             beams, prompt_tokens = await beam_search([spec])
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
@@ -380,7 +380,7 @@ def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_b
     """Load ``model`` (anything :func:`constrain.load_model` takes) and serve it until interrupted."""
     import uvicorn
 
-    from constrain.models import load_model
+    from constrain.models.loading import load_model
 
     handle = model if isinstance(model, ModelHandle) else load_model(model)
     # Everything loaded so far (torch, transformers, the model: ~530,000 objects) lives as long as the

@@ -7,7 +7,7 @@ everything a caller (:func:`chat`, a server) needs follows from it:
    when the template takes ``tools``, else a system message (:data:`FALLBACK_INSTRUCTIONS`);
 2. ``constraint()``: the grammar of the reply, a :class:`ToolGrammar` (None for ``tool_choice="none"``
    or no tools), passed to ``generate(..., constraint=...)``; where several calls may come, it also
-   gives each request a mask filter that forbids repeating a call (:mod:`constrain.repeats`);
+   gives each request a mask filter that forbids repeating a call (:mod:`constrain.tools.repeats`);
 3. ``parser()``: a :class:`ToolCallParser` fed the text as it streams, giving OpenAI-style deltas
    (a call's name first, then its arguments' JSON text in chunks), or ``parse(text)`` at once.
 
@@ -36,15 +36,15 @@ import xgrammar as xgr
 from pydantic.json_schema import GenerateJsonSchema
 from xgrammar import structural_tag as st
 
-from constrain.compiler import _json_schema_grammar
-from constrain.constraints import EmbeddedJson, Grammar, JsonSchema, grammar, json_schema
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.compile.compiler import _json_schema_grammar
+from constrain.constraints.constraint import EmbeddedJson, Grammar, JsonSchema, grammar, json_schema
 from constrain.errors import ConstraintError, ToolError
 from constrain.generate import generate
-from constrain.models import ModelHandle, load_model
-from constrain.repeats import RepeatedCallFilter
+from constrain.match.validate import parse_json, schema_violations
+from constrain.models.loading import ModelHandle, load_model
 from constrain.results import FinishReason, GenerationResult
-from constrain.tokenizer import TokenizerInfo
-from constrain.validate import parse_json, schema_violations
+from constrain.tools.repeats import RepeatedCallFilter
 
 __all__ = [
     "FALLBACK_INSTRUCTIONS",
@@ -110,7 +110,7 @@ TOOL_FORMATS = {
         # Hermes, Qwen 2.5 and 3: one <tool_call> block per call
         ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>"),
         # SmolLM2 (its model card's tool prompt): one block holding a JSON list of the calls, spelt
-        # without the card's newlines: after a call, the closing path (constrain.closing) must find
+        # without the card's newlines: after a call, the closing path (constrain.match.closing) must find
         # "]" before ",", as it does in JSON
         ToolFormat("smollm2", "<tool_call>", "<tool_call>[", ", ", "]</tool_call>"),
         # a bare JSON list of calls; in "auto" replies free text may not contain '[{"'
@@ -342,7 +342,7 @@ class ToolCalling:
         or more calls, else exactly one. Arguments follow each tool's schema as ``json_schema()``
         constraints do; the text around them is fixed by the format. Where several calls may come,
         the grammar carries a per-request filter that forbids repeating a call
-        (:class:`~constrain.repeats.RepeatedCallFilter`).
+        (:class:`~constrain.tools.repeats.RepeatedCallFilter`).
         """
         return _grammar(self) if self.callable_tools else None
 
@@ -426,7 +426,7 @@ class ToolGrammar(Grammar):
     calling: ToolCalling | None = field(default=None, compare=False, repr=False)
 
     def mask_filter(self, tokenizer: TokenizerInfo) -> RepeatedCallFilter | None:
-        """A fresh :class:`~constrain.repeats.RepeatedCallFilter` for one request (the decode loop asks
+        """A fresh :class:`~constrain.tools.repeats.RepeatedCallFilter` for one request (the decode loop asks
         every constraint that has this method), or None where at most one call may come."""
         if self.calling is None or not self.calling.multiple:
             return None

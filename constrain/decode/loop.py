@@ -24,19 +24,19 @@ from typing import Any, Protocol
 
 import torch
 
-from constrain import cost
-from constrain.closing import Budget, RepetitionGuard
-from constrain.compiler import CompiledConstraint
-from constrain.constraints import JsonSchema
-from constrain.detokenizer import IncrementalDetokenizer
-from constrain.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.models import ModelHandle
-from constrain.partial import PartialJson
-from constrain.reasoning import Thinking
+from constrain.compile.compiler import CompiledConstraint
+from constrain.constraints.constraint import JsonSchema
+from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.partial import PartialJson
+from constrain.decode.reasoning import Thinking
+from constrain.decode.speculative import Acceptance, DraftModelProposer, NgramProposer, Proposer, plan_drafts
+from constrain.decode.stopping import StopText
+from constrain.match.closing import Budget, RepetitionGuard
+from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.match.validate import parse_json
+from constrain.models import cost
+from constrain.models.loading import ModelHandle
 from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
-from constrain.speculative import Acceptance, DraftModelProposer, NgramProposer, Proposer, plan_drafts
-from constrain.stopping import StopText
-from constrain.validate import parse_json
 from sampler import Sampler, SamplingMetadata, SamplingParams
 
 __all__ = ["DecodeLoop", "InFlight", "MaskFilter", "PrefixCache", "check_output", "resolve_proposer", "run"]
@@ -48,7 +48,7 @@ GUARD_WINDOW = 4096
 class MaskFilter(Protocol):
     """A constraint's own filter of one request's masks, applied after the grammar's (and the repetition
     guard's): a constraint offers one with a ``mask_filter(tokenizer_info)`` method, such as the
-    grammar of a reply with tools (:class:`~constrain.tools.ToolGrammar`, which forbids repeating a call).
+    grammar of a reply with tools (:class:`~constrain.tools.calling.ToolGrammar`, which forbids repeating a call).
     """
 
     def feed(self, text: str) -> None:
@@ -78,7 +78,7 @@ class InFlight:
     context_limit: int
     on_event: Callable[[StreamEvent], None] | None = None
     partials: bool = True  # events carry the partial JSON value (a parse of the whole text, per token)
-    typed: PartialJson | None = None  # with partials and a JSON schema: the events' typed value (constrain.partial)
+    typed: PartialJson | None = None  # with partials and a JSON schema: the typed value (constrain.decode.partial)
     encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
     repetition_guard: bool = False
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its proposer drafts (its loop sets the prior)
@@ -86,7 +86,7 @@ class InFlight:
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
     mask_filter: MaskFilter | None = None  # the constraint's own (tools: RepeatedCallFilter)
-    thinking: Thinking | None = None  # with reasoning: the thinking before the answer (constrain.reasoning)
+    thinking: Thinking | None = None  # with reasoning: the thinking before the answer (constrain.decode.reasoning)
     answer_start: int = 0  # output_ids[answer_start:] are the answer's (the rest the thinking's)
     generated: str = ""  # the last GUARD_WINDOW characters, before stop strings hold any back
     output_ids: list[int] = field(default_factory=list)
@@ -234,7 +234,7 @@ class InFlight:
         if violations and dead_ends:
             violations.append(
                 f"no valid continuation existed at output token {dead_ends[0]}: every token the grammar allowed "
-                "there completed a value the schema forbids (constrain.values)"
+                "there completed a value the schema forbids (constrain.match.values)"
             )
         asked = self.params.logprobs is not None
         return GenerationResult(
@@ -325,7 +325,7 @@ def _masks(
 ) -> tuple[list[int], torch.Tensor | None]:  # (constrained slots, [c, ceil(V / 32)] int32 on the CPU)
     """The bitmasks of every constrained slot: slot ``(i, j)`` is row ``i`` after its first ``j`` drafts
     (slots numbered row by row), repetition guard and mask filter applied; a thinking row's mask is its
-    :class:`~constrain.reasoning.Thinking`'s. Changes no matcher (drafts go to forks)."""
+    :class:`~constrain.decode.reasoning.Thinking`'s. Changes no matcher (drafts go to forks)."""
     matchers: list[tuple[int, Matcher]] = []  # (mask row, the matcher at that slot)
     thinking: list[tuple[int, Thinking]] = []  # (mask row, the row's thinking)
     slots: list[int] = []
@@ -414,13 +414,13 @@ class DecodeLoop:
     and a many-token forward pass and could flip an exact tie), while one forward pass covers the
     forced stretch. Rejected drafts stay in the KV cache, masked out of attention.
 
-    ``speculative``: where nothing is forced, draft with a :class:`~constrain.speculative.Proposer`
-    (``True``, the default: :class:`~constrain.speculative.NgramProposer`, prompt lookup), pruned by
+    ``speculative``: where nothing is forced, draft with a :class:`~constrain.decode.speculative.Proposer`
+    (``True``, the default: :class:`~constrain.decode.speculative.NgramProposer`, prompt lookup), pruned by
     the grammar, verified the same way. Drafts are deterministic, so "accept while the sampled token
     equals the draft" accepts with the probability rejection sampling would (p of the draft) and emits
     exactly plain decoding's distribution (its very tokens, for seeded requests). Each step feeds only
-    the drafts that pay (:func:`~constrain.speculative.plan_drafts`), from each request's acceptance so
-    far and ``forward_cost`` (default: measured on first use, :func:`~constrain.cost.forward_cost`).
+    the drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`), from each request's acceptance so
+    far and ``forward_cost`` (default: measured on first use, :func:`~constrain.models.cost.forward_cost`).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -617,7 +617,7 @@ class DecodeLoop:
 
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
-        proposer's drafts that pay (:func:`~constrain.speculative.plan_drafts`)."""
+        proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
         drafts = [_drafts(r, self.encode, self.proposer) if self.jump_forward else ([], False) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
@@ -636,7 +636,7 @@ class DecodeLoop:
 
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row (measures the
-        model's :class:`~constrain.cost.ForwardCost` on first use, unless one was given)."""
+        model's :class:`~constrain.models.cost.ForwardCost` on first use, unless one was given)."""
         if self.forward_cost is None:
             self.forward_cost = cost.forward_cost(self.handle.model)
         return self.forward_cost.relative(batch, width)

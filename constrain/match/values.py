@@ -3,8 +3,8 @@
 A grammar cannot say "no two items equal" (``uniqueItems``), "a multiple of 0.01", ``not``,
 ``if``/``then``/``else``, ``dependentRequired``, ``contains`` with ``maxContains``, a ``format`` beyond
 its regexes, or that a key written as an extra key of an open object still takes the value schema
-``properties`` gives it. :mod:`constrain.schema` leaves such keywords out of the grammar (a superset) and
-marks them; here the :class:`~constrain.matcher.Matcher` enforces them at *value boundaries*: the
+``properties`` gives it. :mod:`constrain.constraints.schema` leaves such keywords out of the grammar (a superset) and
+marks them; here the :class:`~constrain.match.matcher.Matcher` enforces them at *value boundaries*: the
 token that would complete a value (a string's closing quote, a number's end, an item's ``,`` or
 ``]``, an object's ``}``, EOS after a root scalar) is masked out when the completed value cannot be
 valid, and the model writes another value instead.
@@ -14,7 +14,7 @@ How a completed value is judged:
 - Its *location* in the schema is a disjunction of conjunctions of subschemas (:data:`Dnf`): the
   subschemas every valid document applies to the value (``properties``, ``items``, ``$ref``,
   ``allOf``), with ``anyOf``/``oneOf`` branches as alternatives. Each subschema is checked exactly
-  by ``jsonschema`` (the same validator as :func:`constrain.validate.validate`); the location is a
+  by ``jsonschema`` (the same validator as :func:`constrain.match.validate.validate`); the location is a
   *necessary* condition, so a value of a valid document is never refused. At the root the location is
   the schema itself: the whole document is checked exactly before it can end.
 - An open container is also checked as it grows, with the keywords no later item can repair
@@ -43,10 +43,10 @@ import numpy as np
 import regex
 import torch
 
-from constrain.constraints import EmbeddedJson
-from constrain.keys import clear_bits
-from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry, resolve_local
-from constrain.tokenizer import TokenizerInfo
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.constraints.constraint import EmbeddedJson
+from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry, resolve_local
+from constrain.match.keys import clear_bits
 
 __all__ = ["DEAD_END", "HEADED_FOR_DEAD_END", "VIABLE", "CallChecks", "CallValues", "ValueChecks", "ValueState"]
 
@@ -351,7 +351,7 @@ def _search(pattern: str, key: str) -> bool:
 
 
 # -- the scanner ------------------------------------------------------------------------------
-# modes, as in constrain.keys
+# modes, as in constrain.match.keys
 _VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _WHITESPACE = frozenset(b" \t\n\r")

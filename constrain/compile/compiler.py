@@ -2,7 +2,7 @@
 
 :func:`compile` turns a constraint into a :class:`CompiledConstraint` (the
 tokenizer-bound grammar, plus what it enforces) once per (constraint,
-tokenizer) pair; per-request state lives in :class:`~constrain.matcher.Matcher`.
+tokenizer) pair; per-request state lives in :class:`~constrain.match.matcher.Matcher`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any
 import llguidance
 import xgrammar as xgr
 
-from constrain import llg
-from constrain.cache import ByteLRU
-from constrain.constraints import (
+from constrain.backends import llguidance as llg
+from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
+from constrain.compile.cache import ByteLRU
+from constrain.constraints.constraint import (
     MAX_WHITESPACE,
     SEPARATORS,
     Choice,
@@ -33,12 +34,11 @@ from constrain.constraints import (
     Regex,
     _engine_message,
 )
+from constrain.constraints.schema import CoverageEntry, prepare
 from constrain.errors import CompileError
-from constrain.keys import may_repeat_keys
-from constrain.schema import CoverageEntry, prepare
-from constrain.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.validate import schema_validator
-from constrain.values import CallChecks, ValueChecks
+from constrain.match.keys import may_repeat_keys
+from constrain.match.validate import schema_validator
+from constrain.match.values import CallChecks, ValueChecks
 
 __all__ = [
     "AUTO_LIMITS",
@@ -64,7 +64,7 @@ class CompiledConstraint:
     copies; masks computed lazily). ``coverage`` (JSON Schema only) says, per JSON
     pointer and keyword, whether the grammar enforces it, or the result is checked
     afterwards, or it was approximated (lenient) or ignored (annotations): see
-    :mod:`constrain.schema`.
+    :mod:`constrain.constraints.schema`.
     """
 
     constraint: Constraint
@@ -74,10 +74,10 @@ class CompiledConstraint:
     engine_schema: Any = None  # the schema as rewritten for the engine (JSON Schema only)
     llg_template: Any = None  # llguidance.LLMatcher in the initial state (engine "llguidance")
     llg_grammar_bytes: int = 0
-    unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.keys)
-    # keywords beyond the grammar, checked per value (constrain.values); CallChecks: a grammar's embedded JSON
+    unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.match.keys)
+    # keywords beyond the grammar, checked per value (constrain.match.values); CallChecks: a grammar's embedded JSON
     value_checks: ValueChecks | CallChecks | None = None
-    # closing paths from the initial state, per max_tokens (filled by constrain.closing.Budget: every
+    # closing paths from the initial state, per max_tokens (filled by constrain.match.closing.Budget: every
     # request of this constraint starts there, and the search can take thousands of masks)
     initial_closings: dict[int, list[int] | None] = field(default_factory=dict, repr=False)
 
@@ -104,8 +104,8 @@ class CompiledConstraint:
         return all(entry.status in ("enforced", "ignored") for entry in self.coverage)
 
     def matcher(self, *, max_rollback_tokens: int = -1) -> Any:
-        """A fresh per-request :class:`~constrain.matcher.Matcher` (``-1``: unbounded rollback)."""
-        from constrain.matcher import Matcher
+        """A fresh per-request :class:`~constrain.match.matcher.Matcher` (``-1``: unbounded rollback)."""
+        from constrain.match.matcher import Matcher
 
         return Matcher(self, max_rollback_tokens=max_rollback_tokens)
 
@@ -114,7 +114,7 @@ class CompiledConstraint:
 
         Includes keywords the grammar cannot enforce. Does not change any state.
         """
-        from constrain.validate import validate
+        from constrain.match.validate import validate
 
         return validate(self, text)
 
@@ -155,7 +155,7 @@ def _ebnf_string(text: str) -> str:
 
 
 def choice_ebnf(options: tuple[str, ...]) -> str:
-    """The EBNF grammar of a :class:`~constrain.constraints.Choice`."""
+    """The EBNF grammar of a :class:`~constrain.constraints.constraint.Choice`."""
     alternatives = " | ".join(_ebnf_string(o) if o else '""' for o in options)
     return f"root ::= {alternatives}\n"
 
@@ -167,7 +167,7 @@ in a schema, extra keys become any string instead. Measured on a 20-property obj
 with the SmolLM2 tokenizer: 251 ms to compile exactly, 9 ms with any-string keys."""
 
 AT_BOUNDARIES = "enforced by the mask at value boundaries (a dead end, where no valid value is left, is reported)"
-"""The coverage note of a keyword beyond the grammar that :mod:`constrain.values` enforces."""
+"""The coverage note of a keyword beyond the grammar that :mod:`constrain.match.values` enforces."""
 
 _OPEN_KEYS_NOTE = (
     "extra keys of open objects are any string (a declared key may take that path with another value); "
@@ -419,7 +419,7 @@ def compile(
     Parameters
     ----------
     constraint : a value from ``constrain.json_schema``, ``regex``, ``grammar``, ``choice``
-    tokenizer : a Hugging Face tokenizer, or a :class:`~constrain.tokenizer.TokenizerInfo`
+    tokenizer : a Hugging Face tokenizer, or a :class:`~constrain.backends.tokenizer.TokenizerInfo`
     vocab_size : int or None, default: None
         The model's vocabulary size, if padded beyond the tokenizer.
     eos_token_ids : list of int or None, default: None

@@ -12,10 +12,10 @@ import xgrammar as xgr
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from constrain.constraints import Choice, Grammar, JsonSchema, Regex
+from constrain.constraints.constraint import Choice, Grammar, JsonSchema, Regex
 
 if TYPE_CHECKING:
-    from constrain.compiler import CompiledConstraint
+    from constrain.compile.compiler import CompiledConstraint
 
 __all__ = ["parse_json", "schema_validator", "schema_violations", "validate"]
 

@@ -4,7 +4,7 @@ A reply that may hold several calls (``tool_choice`` "auto" or "required" with `
 should not call a tool twice with the same arguments, as small models do when they loop. A grammar
 cannot say "not a call made before" (the earlier calls are the request's own state), so the decode
 loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies the
-:class:`~constrain.closing.RepetitionGuard`:
+:class:`~constrain.match.closing.RepetitionGuard`:
 
 - A token is forbidden when the text it adds completes a call (the closing brace of its arguments)
   whose name and arguments equal an earlier call's (arguments compared as JSON values: key order,
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from constrain.closing import _vocab
-from constrain.matcher import Matcher
-from constrain.tokenizer import TokenizerInfo
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.match.closing import _vocab
+from constrain.match.matcher import Matcher
 
 __all__ = ["LOOKAHEAD", "RepeatedCallFilter"]
 
@@ -44,7 +44,7 @@ tried, without the forced text."""
 
 
 class CallParser(Protocol):
-    """What the filter needs of :class:`constrain.tools.ToolCallParser` (which imports this module)."""
+    """What the filter needs of :class:`constrain.tools.calling.ToolCallParser` (which imports this module)."""
 
     def feed(self, text: str) -> Any: ...
 
@@ -82,7 +82,7 @@ def _key(name: str, arguments: str) -> tuple[str, str]:
 class RepeatedCallFilter:
     """Forbids the tokens that would complete a tool call identical to an earlier one of the same reply
     (see the module docstring). One per request; built by
-    :meth:`constrain.tools.ToolGrammar.mask_filter`.
+    :meth:`constrain.tools.calling.ToolGrammar.mask_filter`.
 
     ``feed(text)`` takes each piece of text the request generates; ``apply(matcher, text, row)``
     filters a filled mask. ``steps`` counts the masks it changed.

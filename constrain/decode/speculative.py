@@ -12,7 +12,7 @@ drafts the grammar rejects (the loop prunes them anyway).
 
 Drafts are fed where they pay (:func:`plan_drafts`): each request keeps the share of its drafts
 accepted so far (:class:`Acceptance`), and the loop weighs the tokens a pass of drafts is expected
-to yield against what the wider pass costs (:class:`constrain.cost.ForwardCost`).
+to yield against what the wider pass costs (:class:`constrain.models.cost.ForwardCost`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from constrain.cost import cache_keyword
-from constrain.matcher import allocate_token_bitmask
+from constrain.match.matcher import allocate_token_bitmask
+from constrain.models.cost import cache_keyword
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 if TYPE_CHECKING:
-    from constrain.matcher import Matcher
-    from constrain.models import ModelHandle
+    from constrain.match.matcher import Matcher
+    from constrain.models.loading import ModelHandle
 
 __all__ = [
     "ACCEPTANCE_PRIOR",
@@ -124,7 +124,7 @@ class DraftModelProposer:
     def __init__(
         self, model: ModelHandle | Any, *, k: int = 4, max_cached: int = 64, acceptance_prior: float = ACCEPTANCE_PRIOR
     ) -> None:
-        from constrain.models import ModelHandle, load_model
+        from constrain.models.loading import ModelHandle, load_model
 
         if k < 1 or max_cached < 1:
             raise ValueError(f"k and max_cached must be at least 1, got {k} and {max_cached}")

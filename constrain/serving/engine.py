@@ -1,4 +1,4 @@
-"""Continuous batching for servers: one thread owns a :class:`~constrain.loop.DecodeLoop`; any thread
+"""Continuous batching for servers: one thread owns a :class:`~constrain.decode.loop.DecodeLoop`; any thread
 submits requests, which join the running batch between steps, and cancels them.
 
 The engine knows nothing of HTTP: a request's ``on_event`` (set before submitting) sees its text as it
@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from constrain.cost import ForwardCost
-from constrain.loop import DecodeLoop, InFlight
-from constrain.models import ModelHandle
+from constrain.decode.loop import DecodeLoop, InFlight
+from constrain.decode.speculative import Proposer
+from constrain.models.cost import ForwardCost
+from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
-from constrain.speculative import Proposer
 
 __all__ = ["Engine"]
 

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 def _load(model: str | None) -> Any:
     from rich.console import Console
 
-    from constrain.models import load_model
+    from constrain.models.loading import load_model
 
     with Console(stderr=True).status("loading the model (the first load converts it, later ones are quick)..."):
         return load_model(model)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return _export(args)
     from constrain.errors import ConstraintError
     from constrain.generate import generate, stream
-    from constrain.models import ModelNotFoundError
+    from constrain.models.loading import ModelNotFoundError
     from constrain.results import GenerationResult
 
     sampling = {
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from constrain.models import ModelNotFoundError
-    from constrain.server import serve
+    from constrain.models.loading import ModelNotFoundError
+    from constrain.serving.server import serve
 
     try:
         handle = _load(args.model)
@@ -140,8 +140,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from constrain.export import export_model
-    from constrain.models import ModelNotFoundError
+    from constrain.models.export import export_model
+    from constrain.models.loading import ModelNotFoundError
 
     try:
         with Console(stderr=True).status("exporting the model..."):

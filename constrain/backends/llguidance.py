@@ -5,10 +5,10 @@ masks are then fast, but a large schema takes seconds to compile. llguidance
 computes masks lazily (a lexer over the token trie): compiling costs about a
 millisecond, masks a little more. :func:`constrain.compile` with ``engine="auto"``
 serves the constraints xgrammar would take long to compile with llguidance (see
-:class:`constrain.compiler.AutoLimits`).
+:class:`constrain.compile.compiler.AutoLimits`).
 
 :class:`LlgState` mirrors the subset of ``xgr.GrammarMatcher`` that
-:class:`~constrain.matcher.Matcher` uses, with xgrammar's semantics: a rejected
+:class:`~constrain.match.matcher.Matcher` uses, with xgrammar's semantics: a rejected
 token returns ``False`` and leaves the state unchanged (llguidance would enter an
 error state), and ``is_terminated`` means an EOS token was accepted.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import llguidance
 import torch
 
-from constrain.constraints import MAX_WHITESPACE, SEPARATORS, JsonSchema, Regex
-from constrain.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
+from constrain.constraints.constraint import MAX_WHITESPACE, SEPARATORS, JsonSchema, Regex
+from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
 
 __all__ = ["UNKNOWN_FORMATS", "LlgState", "fill_next_token_bitmasks", "grammar_for", "llguidance_schema"]
 

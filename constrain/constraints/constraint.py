@@ -70,7 +70,7 @@ besides: objects closed unless the schema says what else may appear, keys in the
 ``json.dumps`` formatting (``", "`` and ``": "``), so keys, colons and commas are forced text.
 ``"specification"`` follows JSON Schema to the letter (any key order, undeclared keys allowed, a
 space or newline between tokens): every valid JSON text of the schema, for validation-style use
-and MaskBench. Neither admits a duplicate key (see :mod:`constrain.keys`)."""
+and MaskBench. Neither admits a duplicate key (see :mod:`constrain.match.keys`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +105,8 @@ class Regex:
 class EmbeddedJson:
     """JSON values inside a grammar's text, each checked against a schema as it is written: after
     ``trigger`` has appeared, each ``opener + name + name_end`` starts a value of ``schemas[name]``.
-    Tool calls (:mod:`constrain.tools`) spell their arguments so; the grammar holds each schema as a
-    (possibly looser) rule, and the matcher enforces what the rule cannot (:mod:`constrain.values`)."""
+    Tool calls (:mod:`constrain.tools.calling`) spell their arguments so; the grammar holds each schema as a
+    (possibly looser) rule, and the matcher enforces what the rule cannot (:mod:`constrain.match.values`)."""
 
     trigger: str
     opener: str

@@ -1,6 +1,6 @@
 """OpenAI's chat and completions API as ``constrain`` requests: the request bodies (pydantic models,
 validated on arrival), their translation into :class:`~constrain.generate.Request` s, and the
-response bodies and stream chunks built from results. No HTTP here (see :mod:`constrain.server`).
+response bodies and stream chunks built from results. No HTTP here (see :mod:`constrain.serving.server`).
 
 Decisions, where OpenAI's API leaves room:
 
@@ -13,7 +13,7 @@ Decisions, where OpenAI's API leaves room:
   one constraint per request, and none beside tools that may be called.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
 - ``use_beam_search`` (vLLM's name) runs a beam search of width ``best_of`` (default ``n``, at least
-  ``n``) with ``length_penalty``: the ``n`` choices are the ``n`` best beams (:mod:`constrain.beams`).
+  ``n``) with ``length_penalty``: the ``n`` choices are the ``n`` best beams (:mod:`constrain.decode.beams`).
   Not with ``stream``, ``stop``, ``logprobs`` or sampling parameters (400, naming the parameter).
 - A result that breaks its constraint (which only a lenient schema allows) carries ``violations`` in
   its choice; a grammar dead end ends the choice with ``finish_reason: "error"``.
@@ -36,12 +36,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from constrain.constraints import json_object, json_schema
+from constrain.constraints.constraint import json_object, json_schema
 from constrain.errors import BeamSearchError
 from constrain.generate import DEFAULT_MAX_TOKENS, Request
-from constrain.models import ModelHandle
+from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
-from constrain.tools import ParsedReply, ToolCallDelta, ToolCalling, finish_reason, tool_call_json, tool_calling
+from constrain.tools.calling import ParsedReply, ToolCallDelta, ToolCalling, finish_reason, tool_call_json, tool_calling
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests", "finish_fields"]
 
@@ -91,13 +91,13 @@ class _Common(_Body):
     regex: str | None = None
     grammar: str | None = None
     choices: list[str] | None = Field(default=None, min_length=1)
-    reasoning: bool | dict[str, Any] | None = None  # think first (constrain.reasoning): true or {"max_tokens": N}
+    reasoning: bool | dict[str, Any] | None = None  # think first (decode.reasoning): true or {"max_tokens": N}
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # OpenAI's: REASONING_EFFORT
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.beams)
+    use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.decode.beams)
     best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
 
@@ -274,7 +274,7 @@ def delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 
 
 def finish_fields(result: GenerationResult, reply: ParsedReply | None) -> dict[str, Any]:
-    """A choice's ``finish_reason`` (:func:`constrain.tools.finish_reason`), except that a result the
+    """A choice's ``finish_reason`` (:func:`constrain.tools.calling.finish_reason`), except that a result the
     budget closed that is complete and valid (``reply`` too) finishes with ``"stop"`` or, after calls,
     ``"tool_calls"``; with ``closed_early`` and ``forced_tokens`` whenever the budget closed it (see the
     module docstring)."""
