@@ -28,8 +28,8 @@ LAYERS = (
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "constrain"
 
 
-def _module(path: pathlib.Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def _module(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -43,11 +43,11 @@ def _layer(module: str) -> int | None:
     raise SystemExit(f"{module}: in no layer of .ci/check_imports.py (add its folder to LAYERS)")
 
 
-def imports(modules: set[str]) -> dict[str, set[tuple[str, str | None, int]]]:
+def imports(modules: set[str], root: pathlib.Path) -> dict[str, set[tuple[str, str | None, int]]]:
     """Per module, what it imports of constrain: (module, name or None, line)."""
     found: dict[str, set[tuple[str, str | None, int]]] = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        name = _module(path)
+    for path in sorted(root.rglob("*.py")):
+        name = _module(path, root)
         out = found.setdefault(name, set())
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -100,9 +100,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def problems() -> list[str]:
-    modules = {_module(p) for p in ROOT.rglob("*.py")}
-    found = imports(modules)
+def problems(root: pathlib.Path = ROOT) -> list[str]:
+    """Every layering problem of the package at ``root`` (named ``constrain``), one line each."""
+    modules = {_module(p, root) for p in root.rglob("*.py")}
+    found = imports(modules, root)
     out: list[str] = []
     graph: dict[str, set[str]] = {}
     for module, targets in sorted(found.items()):
@@ -110,14 +111,7 @@ def problems() -> list[str]:
         for target, name, line in sorted(targets, key=lambda t: (t[2], t[0], t[1] or "")):
             if target == module:
                 continue
-            # a package's __init__ is not a dependency of its own modules' imports of siblings
-            if not (
-                target in modules
-                and found.get(target) is not None
-                and target.count(".") < module.count(".")
-                and module.startswith(target + ".")
-            ):
-                graph.setdefault(module, set()).add(target)
+            graph.setdefault(module, set()).add(target)
             there = _layer(target)
             if here is not None and there is not None and there > here and f" {target}," not in "".join(out[-1:]):
                 out.append(

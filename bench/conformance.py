@@ -13,7 +13,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.testing.differential import run_conformance  # noqa: E402
+from constrain.testing import run_conformance  # noqa: E402
 
 SUITE = (
     Path(__file__).resolve().parents[2] / "shared" / "conformance" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"

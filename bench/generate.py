@@ -33,6 +33,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
+from constrain.decode import loop  # noqa: E402
 from constrain.models.cost import ForwardCost, forward_cost  # noqa: E402
 
 gen = importlib.import_module("constrain.generate")
@@ -71,7 +72,7 @@ SPECULATION: dict[str, dict[str, Any]] = {
     "adaptive (default)": {"speculative": True},
     "every draft": {"speculative": True, "forward_cost": EVERY_DRAFT},
 }
-"""The speculation table's configurations: keyword arguments of ``constrain.generate._run``."""
+"""The speculation table's configurations: keyword arguments of ``constrain.decode.loop.run``."""
 
 
 def run(
@@ -96,7 +97,7 @@ def run(
     handle.model.forward = counted
     start = time.perf_counter()
     try:
-        gen._run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
+        loop.run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
                  forward_cost=forward_cost)  # fmt: skip
     finally:
         del handle.model.forward

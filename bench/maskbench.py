@@ -194,7 +194,7 @@ def mask_accepts(adapter: Adapter, compiled: Any, ids: list[int], timer: Timer) 
 
 
 def tokenize(tokenizer: Any, text: str) -> list[int]:
-    from constrain.testing.differential import token_ids
+    from constrain.testing import token_ids
 
     try:
         return list(token_ids(tokenizer, text))

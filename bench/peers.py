@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import constrain
-from constrain.compile.compiler import choice_ebnf
+from constrain.backends.xgrammar import choice_ebnf
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 gen = importlib.import_module("constrain.generate")
@@ -38,7 +38,7 @@ the setting: for a regex, a choice or a grammar the best setting is the default.
 
 def prompt_ids(handle: constrain.ModelHandle, messages: list[dict[str, str]]) -> list[int]:
     """The prompt's token ids, exactly those ``constrain.generate`` feeds the model."""
-    return list(gen._prompt_ids(handle, messages))
+    return gen.prompt_ids(handle, messages)
 
 
 def new_tokens(handle: constrain.ModelHandle, output: torch.Tensor, prompt_length: int) -> list[list[int]]:

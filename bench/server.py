@@ -29,9 +29,9 @@ import openai  # noqa: E402
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.testing.differential import PERSON_SCHEMA as PERSON  # noqa: E402
-from constrain.testing.differential import WEATHER_TOOL as WEATHER  # noqa: E402
-from constrain.testing.differential import LocalServer  # noqa: E402
+from constrain.testing import PERSON_SCHEMA as PERSON  # noqa: E402
+from constrain.testing import WEATHER_TOOL as WEATHER  # noqa: E402
+from constrain.testing import LocalServer  # noqa: E402
 
 NAMES = ["Maria Lopez", "Ken Ito", "Ada Byron", "Omar Haddad", "Lena Berg", "Tom Reyes", "Ana Silva", "Raj Mehta"]
 DATE = r"\d{4}-\d{2}-\d{2}"

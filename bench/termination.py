@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import constrain  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.testing.differential import TERMINATION_WORKLOADS as WORKLOADS  # noqa: E402
+from constrain.testing import TERMINATION_WORKLOADS as WORKLOADS  # noqa: E402
 
 LIMITS = (48, 192)
 

@@ -6,6 +6,7 @@ whose per-request ``Matcher`` fills token bitmasks that ``sampler`` applies.
 """
 
 from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
+from constrain.chat import ChatResult, chat
 from constrain.compile.compiler import CompiledConstraint, cache_stats, compile
 from constrain.constraints.constraint import (
     Choice,
@@ -38,14 +39,14 @@ from constrain.errors import (
     UnsupportedSchemaError,
 )
 from constrain.generate import Request, agenerate, astream, generate, stream
-from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.matcher import Matcher, fill_next_token_bitmasks
 from constrain.models.cost import ForwardCost
 from constrain.models.export import export_model
 from constrain.models.loading import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.results import Beam, GenerationResult, StreamEvent, Usage
-from constrain.tools.calling import (
+from constrain.tools import (
     ChatDelta,
-    ChatResult,
     ParsedReply,
     Tool,
     ToolCall,
@@ -53,7 +54,6 @@ from constrain.tools.calling import (
     ToolCalling,
     ToolCallParser,
     ToolFormat,
-    chat,
     tool,
     tool_calling,
     tool_format,

@@ -7,10 +7,11 @@ prompts (each a :class:`Request` with its own constraint and parameters) runs as
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from constrain.backends.tokenizer import tokenizer_info
 from constrain.compile.compiler import compile
@@ -27,24 +28,27 @@ from constrain.constraints.constraint import (
 )
 from constrain.decode.beams import BeamSearch, check_beam_options, check_sampling
 from constrain.decode.detokenizer import IncrementalDetokenizer
-from constrain.decode.loop import InFlight, resolve_proposer
+from constrain.decode.drafts import resolve_proposer
 from constrain.decode.loop import run as _run
 from constrain.decode.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
+from constrain.decode.request import InFlight
 from constrain.decode.speculative import Proposer
 from constrain.decode.stopping import StopText
 from constrain.errors import BeamSearchError
 from constrain.models.cost import ForwardCost
-from constrain.models.loading import ModelHandle, load_model
+from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from sampler import InvalidSamplingParamsError, SamplingParams
 
-__all__ = ["Request", "admit", "admit_beam_search", "agenerate", "astream", "generate", "stream"]
+__all__ = ["Request", "admit", "admit_beam_search", "agenerate", "astream", "generate", "prompt_ids", "stream"]
 
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when none is given."""
 
 Prompt = str | Sequence[dict[str, str]]
 """A completion prompt, or chat messages (``[{"role": ..., "content": ...}]``) for the chat template."""
+
+T = TypeVar("T")
 
 
 def _constraint(
@@ -67,7 +71,8 @@ def _constraint(
     return constraint
 
 
-def _prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
+def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
+    """The token ids ``prompt`` feeds the model: a string encoded, or chat messages through the chat template."""
     tokenizer = handle.tokenizer
     if isinstance(prompt, str):
         return list(tokenizer.encode(prompt))
@@ -82,7 +87,12 @@ def _prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
 @dataclass(frozen=True)
 class Request:
     """One prompt with its own constraint and parameters, for a mixed batch:
-    ``generate(model, [Request(p1, schema=A), Request(p2, regex=r"...", temperature=0)])``."""
+    ``generate(model, [Request(p1, schema=A), Request(p2, regex=r"...", sampling={"temperature": 0})])``.
+
+    Its fields but ``prompt`` and ``sampling`` are the per-prompt keyword arguments of :func:`generate`
+    (with the same defaults: this class is where they are written); ``sampling`` holds the
+    :class:`sampler.SamplingParams` fields.
+    """
 
     prompt: Prompt
     schema: Any = None
@@ -102,11 +112,21 @@ class Request:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
+REQUEST_OPTIONS = tuple(f.name for f in fields(Request) if f.name not in ("prompt", "sampling"))
+"""The keyword arguments of :func:`generate` that set a :class:`Request` field (the others but the
+decoding options are sampling parameters)."""
+
+STREAM_OPTIONS = tuple(name for name in REQUEST_OPTIONS if name not in ("n", "num_beams", "length_penalty"))
+"""Those :func:`stream` takes: one completion, no beam search (``n`` and ``length_penalty`` are then
+sampling parameters, which :class:`sampler.SamplingParams` refuses; ``num_beams`` a :class:`BeamSearchError`)."""
+
+
 def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
     """Admission: the ``n`` in-flight requests of one :class:`Request`, for a :class:`~constrain.decode.loop.DecodeLoop`
     or an :class:`~constrain.serving.engine.Engine`. Every argument is checked and the constraint compiled here, up
     front: a bad request raises (``ValueError``, a :class:`ConstraintError`, ``InvalidSamplingParamsError``)
-    before anything runs. A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`."""
+    before anything runs, and each request is started (:meth:`InFlight.start`: a :class:`BudgetError` when
+    nothing fits in ``max_tokens``). A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`."""
     if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
     if not isinstance(spec.n, int) or spec.n < 1:
@@ -126,7 +146,7 @@ def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
     def encode(text: str) -> list[int]:
         return list(handle.tokenizer.encode(text, add_special_tokens=False))
 
-    ids = _prompt_ids(handle, spec.prompt)
+    ids = prompt_ids(handle, spec.prompt)
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens; the model's context window is {limit}")
     thinking = _thinking(handle, spec, ids, encode)
@@ -148,7 +168,7 @@ def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
                 encode=encode if spec.close_in_budget else None,
                 repetition_guard=spec.repetition_guard if spec.repetition_guard is not None else compiled is not None,
                 thinking=thinking(),
-            )
+            ).start()  # the closing search: BudgetError here, before any forward pass
         )
     return out
 
@@ -193,42 +213,54 @@ def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
     return admit_beam_search(handle, spec) if spec.num_beams > 1 else admit(handle, spec)
 
 
-def _specs(prompt: Any, template: dict[str, Any]) -> tuple[list[Request], bool]:
-    """The requests of a call, and whether it was a single prompt."""
+def _requests(prompt: Any, options: dict[str, Any], names: Collection[str]) -> tuple[list[Request], bool]:
+    """The requests of a call, and whether it was a single prompt: the ``options`` in ``names`` set
+    those :class:`Request` fields, the others are its sampling parameters (the same for every prompt
+    given as a string or messages; a :class:`Request` keeps its own)."""
     single = isinstance(prompt, (str, Request)) or (bool(prompt) and isinstance(prompt[0], dict))
     items = [prompt] if single else list(prompt)
     if not items:
         raise ValueError("no prompt given")
-    specs = [p if isinstance(p, Request) else Request(p, **template) for p in items]
+    template = {k: v for k, v in options.items() if k in names}
+    sampling = {k: v for k, v in options.items() if k not in names}
+    specs = [p if isinstance(p, Request) else Request(p, **template, sampling=sampling) for p in items]
     return specs, single
 
 
-def _handle(model: Any) -> ModelHandle:
-    return model if isinstance(model, ModelHandle) else load_model(model)
+def _in_background(work: Callable[[Callable[[T], None], threading.Event], None]) -> Iterator[T]:
+    """Run ``work(emit, cancelled)`` on a daemon thread and yield what it emits, as it emits it; then
+    raise what it raised, if anything. Closing the iterator early (or its garbage collection) sets
+    ``cancelled``, for the work to stop soon after."""
+    items: queue.SimpleQueue[tuple[T] | None] = queue.SimpleQueue()  # None: the work ended
+    failure: list[BaseException] = []
+    cancelled = threading.Event()
+
+    def worker() -> None:
+        try:
+            work(lambda item: items.put((item,)), cancelled)
+        except BaseException as err:
+            failure.append(err)
+        finally:
+            items.put(None)
+
+    threading.Thread(target=worker, name="constrain-stream", daemon=True).start()
+    try:
+        while (box := items.get()) is not None:
+            yield box[0]
+    finally:  # the caller closed the iterator early (or it was collected): stop the work for nobody
+        cancelled.set()
+    if failure:
+        raise failure[0]
 
 
 def generate(
     model: Any,
     prompt: Prompt | Sequence[Prompt],
     *,
-    schema: Any = None,
-    regex: str | None = None,
-    grammar: str | None = None,
-    choices: Sequence[str] | None = None,
-    constraint: Constraint | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    stop: Sequence[str] | str | None = None,
-    stop_regex: Sequence[str] | str | None = None,
-    n: int = 1,
-    close_in_budget: bool = True,
-    repetition_guard: bool | None = None,
-    reasoning: Any = None,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
     jump_forward: bool = True,
     speculative: bool | Proposer = True,
     forward_cost: ForwardCost | None = None,
-    **sampling: Any,
+    **options: Any,
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
 
@@ -236,6 +268,9 @@ def generate(
     ----------
     model : ModelHandle, or anything ``load_model`` takes (None: the default model)
     prompt : a string, chat messages, or a list of those (one batch)
+    schema, regex, grammar, choices, constraint : the constraint, default: None (free text)
+        A JSON schema (dict, pydantic model or type), a regex, a grammar (Lark / EBNF), a list of
+        strings, or a value of ``constrain.json_schema/regex/grammar/choice``.
     max_tokens : int, default: 256
     stop, stop_regex : stop strings / regexes (cut from the text, with what follows)
     n : int, default: 1
@@ -272,6 +307,10 @@ def generate(
         bfloat16), so give one (or ``speculative=False``) where seeded runs must match across processes.
     **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
 
+    Every keyword but ``jump_forward``, ``speculative`` and ``forward_cost`` sets a :class:`Request`
+    field (their defaults are its) or, for any other name, a sampling parameter: each prompt given as
+    a string or messages becomes ``Request(prompt, **those, sampling=the rest)``.
+
     Returns
     -------
     A :class:`GenerationResult` for one prompt and ``n == 1``; else a list (per prompt, of ``n``
@@ -282,14 +321,8 @@ def generate(
     ValueError, ConstraintError
         Bad arguments or constraints, before any token is generated.
     """
-    handle = _handle(model)
-    template = dict(
-        schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
-        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, n=n, close_in_budget=close_in_budget,
-        repetition_guard=repetition_guard, reasoning=reasoning, num_beams=num_beams, length_penalty=length_penalty,
-        sampling=sampling,
-    )  # fmt: skip
-    specs, single = _specs(prompt, template)
+    handle = model_handle(model)
+    specs, single = _requests(prompt, options, REQUEST_OPTIONS)
     plans = [_plan(handle, spec) for spec in specs]  # every error surfaces before any forward
     expanded = [plan for plan in plans if not isinstance(plan, BeamSearch)]
     _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative,
@@ -303,78 +336,34 @@ def stream(
     model: Any,
     prompt: Prompt,
     *,
-    schema: Any = None,
-    regex: str | None = None,
-    grammar: str | None = None,
-    choices: Sequence[str] | None = None,
-    constraint: Constraint | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    stop: Sequence[str] | str | None = None,
-    stop_regex: Sequence[str] | str | None = None,
-    close_in_budget: bool = True,
-    repetition_guard: bool | None = None,
-    reasoning: Any = None,
     jump_forward: bool = True,
     speculative: bool | Proposer = True,
     forward_cost: ForwardCost | None = None,
-    **sampling: Any,
+    **options: Any,
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
     the :class:`GenerationResult` last. Deltas concatenate exactly to the final text; text that
     could start a stop string is held back until it cannot. Closing the iterator early (``break``
     out of a ``for`` loop, then ``close()`` or garbage collection) cancels the request: the worker
-    stops after its current step."""
-    handle = _handle(model)
-    template = dict(
-        schema=schema, regex=regex, grammar=grammar, choices=choices, constraint=constraint,
-        max_tokens=max_tokens, stop=stop, stop_regex=stop_regex, close_in_budget=close_in_budget,
-        repetition_guard=repetition_guard, reasoning=reasoning, sampling=sampling,
-    )  # fmt: skip
-    specs, single = _specs(prompt, template)
+    stops after its current step.
+
+    Takes the keyword arguments of :func:`generate` but ``n``, ``num_beams`` and ``length_penalty``
+    (:data:`STREAM_OPTIONS`). Arguments are checked at the first ``next()``, like the rest of the body."""
+    handle = model_handle(model)
+    specs, single = _requests(prompt, options, STREAM_OPTIONS)
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
-    if "num_beams" in sampling or specs[0].num_beams != 1:
+    if "num_beams" in options or specs[0].num_beams != 1:
         raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
     requests = admit(handle, specs[0])
     resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
-    queue: list[Any] = []
-    done = threading.Event()
-    lock = threading.Condition()
 
-    def on_event(event: StreamEvent) -> None:
-        with lock:
-            queue.append(event)
-            lock.notify()
+    def decode(emit: Callable[[StreamEvent], None], cancelled: threading.Event) -> None:
+        requests[0].on_event = emit
+        _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost,
+             cancelled=cancelled)  # fmt: skip
 
-    requests[0].on_event = on_event
-    failure: list[BaseException] = []
-    cancelled = threading.Event()
-
-    def worker() -> None:
-        try:
-            _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost,
-                 cancelled=cancelled)  # fmt: skip
-        except BaseException as err:
-            failure.append(err)
-        finally:
-            with lock:
-                done.set()
-                lock.notify()
-
-    threading.Thread(target=worker, daemon=True).start()
-    try:
-        while True:
-            with lock:
-                while not queue and not done.is_set():
-                    lock.wait()
-                pending, queue[:] = list(queue), []
-            yield from pending
-            if done.is_set() and not queue:
-                break
-    finally:  # the caller closed the iterator early (or it was collected): stop decoding for nobody
-        cancelled.set()
-    if failure:
-        raise failure[0]
+    yield from _in_background(decode)
     yield requests[0].result()
 
 

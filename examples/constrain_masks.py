@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 import constrain
-from constrain.testing.differential import token_ids
+from constrain.testing import token_ids
 
 
 class Person(BaseModel):

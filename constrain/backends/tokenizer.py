@@ -6,11 +6,15 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import xgrammar as xgr
+
+from constrain.backends.llguidance import LlguidanceBackend
+from constrain.backends.xgrammar import XGrammarBackend
+from constrain.caches import register
 
 __all__ = ["TokenizerInfo", "tokenizer_info"]
 
@@ -28,30 +32,40 @@ class TokenizerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     fingerprint: str  # sha256 of the vocabulary, the special ids and vocab_size
-    # llguidance's view of the same tokenizer (built in the background: ~1 s); None for slow tokenizers
-    llg_future: Future[Any] | None = field(default=None, repr=False)
+    xgrammar: XGrammarBackend = field(repr=False)  # compiles and fills masks for this tokenizer
+    # llguidance for the same tokenizer (its tokenizer built in the background: ~1 s); None for slow tokenizers
+    llg: LlguidanceBackend | None = field(default=None, repr=False)
+
+    def llguidance(self) -> LlguidanceBackend | None:
+        """llguidance for this tokenizer (waits for its tokenizer's build), or None where it cannot serve it."""
+        return self.llg if self.llg is not None and self.llg.tokenizer is not None else None
 
     def llg_tokenizer(self) -> Any:
         """The ``llguidance.LLTokenizer`` (waits for its background build), or None if unavailable."""
-        if self.llg_future is None:
-            return None
-        try:
-            return self.llg_future.result()
-        except Exception:  # a tokenizer llguidance cannot read: the xgrammar engine alone serves it
-            return None
+        backend = self.llguidance()
+        return None if backend is None else backend.tokenizer
 
 
-_llg_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constrain-llg-tokenizer")
-
-
-def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Any:
+def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Future[Any]:
+    """llguidance's tokenizer, built on a thread of its own (about a second) that ends with the build."""
     import llguidance.hf
 
-    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)
+    future: Future[Any] = Future()
+
+    def build() -> None:
+        try:
+            future.set_result(llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids))
+        except Exception as err:
+            future.set_exception(err)
+
+    threading.Thread(target=build, name="constrain-llg-tokenizer", daemon=True).start()
+    return future
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], TokenizerInfo]] = weakref.WeakKeyDictionary()
+"""Per tokenizer object (held as long as the tokenizer lives), its infos by (vocab_size, eos ids)."""
 _LOCK = threading.Lock()
+register("backends.tokenizer_info", lambda: {"entries": sum(map(len, list(_CACHE.values()))), "maxsize": -1})
 
 
 def tokenizer_info(
@@ -93,10 +107,11 @@ def tokenizer_info(
     for token, token_id in sorted(vocab.items(), key=lambda item: item[1]):
         digest.update(f"{token_id}\x00{token}\x01".encode("utf-8", "surrogatepass"))
     digest.update(repr((info.vocab_size, info.stop_token_ids, info.vocab_type)).encode())
+    eos = tuple(info.stop_token_ids)
     llg = None
     if getattr(tokenizer, "is_fast", False):
-        llg = _llg_pool.submit(_llg_tokenizer, tokenizer, info.vocab_size, list(info.stop_token_ids))
-    result = TokenizerInfo(info, info.vocab_size, tuple(info.stop_token_ids), digest.hexdigest(), llg)
+        llg = LlguidanceBackend(_llg_tokenizer(tokenizer, info.vocab_size, list(info.stop_token_ids)), eos)
+    result = TokenizerInfo(info, info.vocab_size, eos, digest.hexdigest(), XGrammarBackend(info, eos), llg)
     with _LOCK:
         per_tokenizer[key] = result
     return result

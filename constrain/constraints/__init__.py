@@ -23,8 +23,8 @@ from constrain.constraints.schema import (
     CoverageEntry,
     Status,
     prepare,
-    resolve_local,
 )
+from constrain.constraints.schema_refs import resolve_local
 
 __all__ = [
     "MODES",

@@ -16,9 +16,10 @@ from typing import Any, Literal
 import jsonschema
 import jsonschema_rs
 import regex as regex_module
-import xgrammar as xgr
 
 import grammars
+from constrain.backends import xgrammar
+from constrain.caches import bounded
 from constrain.errors import GrammarError, RegexError, SchemaError
 
 __all__ = [
@@ -232,7 +233,7 @@ def _metaschema() -> Any:
     )
 
 
-@functools.lru_cache(maxsize=1024)
+@bounded("constraints.checked_schemas", maxsize=1024)
 def _check_schema(text: str) -> None:
     """Validate against the draft 2020-12 metaschema (cached).
 
@@ -269,11 +270,6 @@ _XGR_POSITION = re.compile(r"at position (\d+): (.*)", re.S)
 _XGR_LINE_COL = re.compile(r"at line (\d+), column (\d+): (.*)", re.S)
 
 
-def _engine_message(err: Exception) -> str:
-    """xgrammar's message without its C++ source location prefix."""
-    return re.sub(r"^\[[^\]]*\] [^ ]+: ", "", str(err)).strip()
-
-
 def regex(pattern: str) -> Regex:
     """The whole output must match ``pattern``.
 
@@ -290,9 +286,9 @@ def regex(pattern: str) -> Regex:
     except regex_module.error as err:
         raise RegexError(pattern, getattr(err, "msg", str(err)), getattr(err, "pos", None)) from err
     try:
-        xgr.Grammar.from_regex(pattern)
+        xgrammar.check_regex(pattern)
     except RuntimeError as err:
-        message = _engine_message(err)
+        message = xgrammar.engine_message(err)
         found = _XGR_POSITION.search(message)
         if found:
             raise RegexError(pattern, found.group(2).strip(), int(found.group(1))) from err
@@ -319,9 +315,9 @@ def grammar(ebnf_or_name: str) -> Grammar:
     else:
         ebnf = ebnf_or_name
     try:
-        xgr.Grammar.from_ebnf(ebnf)
+        xgrammar.check_ebnf(ebnf)
     except RuntimeError as err:
-        message = _engine_message(err)
+        message = xgrammar.engine_message(err)
         found = _XGR_LINE_COL.search(message)
         if found:
             raise GrammarError(found.group(3).strip(), int(found.group(1)), int(found.group(2))) from err

@@ -74,9 +74,10 @@ import torch
 
 from constrain.compile.compiler import CompiledConstraint
 from constrain.decode.detokenizer import IncrementalDetokenizer
-from constrain.decode.loop import check_output
+from constrain.decode.request import check_output
 from constrain.errors import BeamSearchError
-from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.matcher import Matcher, fill_next_token_bitmasks
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
 from constrain.results import Beam, GenerationResult, Usage

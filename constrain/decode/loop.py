@@ -3,9 +3,13 @@
 A :class:`DecodeLoop` runs one batch: every step does one forward for the whole batch (transformers'
 KV cache), one batched bitmask fill for the constrained rows, and one sampler call. Requests join
 between steps (their prompts are prefilled in the step they join, in groups of similar length or
-after a prefix another prompt left in the :class:`PrefixCache`, and their KV cache is merged into the
-batch's) and leave as soon as they finish or are cancelled: continuous batching, for a server.
-:func:`run` decodes a fixed set of requests to the end.
+after a prefix another prompt left in the :class:`~constrain.decode.kv.PrefixCache`, and their KV cache
+is merged into the batch's) and leave as soon as they finish or are cancelled: continuous batching,
+for a server. :func:`run` decodes a fixed set of requests to the end.
+
+The stages live beside it: the per-request state machine in :mod:`constrain.decode.request`, the
+masks in :mod:`constrain.decode.masks`, the drafts in :mod:`constrain.decode.drafts`, the KV cache's
+reuse and merging in :mod:`constrain.decode.kv`.
 """
 
 from __future__ import annotations
@@ -13,280 +17,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from constrain.compile.compiler import CompiledConstraint
-from constrain.constraints.constraint import JsonSchema
-from constrain.decode.detokenizer import IncrementalDetokenizer
-from constrain.decode.partial import PartialJson
-from constrain.decode.reasoning import Thinking
-from constrain.decode.speculative import Acceptance, DraftModelProposer, NgramProposer, Proposer, plan_drafts
-from constrain.decode.stopping import StopText
-from constrain.match.closing import Budget, RepetitionGuard
-from constrain.match.matcher import Matcher, allocate_token_bitmask, fill_next_token_bitmasks
-from constrain.match.validate import parse_json
+from constrain.decode.drafts import next_drafts, resolve_proposer
+from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
+from constrain.decode.masks import slot_masks
+from constrain.decode.request import InFlight
+from constrain.decode.speculative import Acceptance, Proposer, plan_drafts
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
-from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
-from sampler import Sampler, SamplingMetadata, SamplingParams
+from sampler import Sampler, SamplingMetadata
 
-__all__ = ["DecodeLoop", "InFlight", "MaskFilter", "PrefixCache", "check_output", "resolve_proposer", "run"]
-
-GUARD_WINDOW = 4096
-"""Characters of recent output the repetition guard looks at (it needs ``copies x max_period``)."""
-
-
-class MaskFilter(Protocol):
-    """A constraint's own filter of one request's masks, applied after the grammar's (and the repetition
-    guard's): a constraint offers one with a ``mask_filter(tokenizer_info)`` method, such as the
-    grammar of a reply with tools (:class:`~constrain.tools.calling.ToolGrammar`, which forbids repeating a call).
-    """
-
-    def feed(self, text: str) -> None:
-        """Take the next piece of the request's text (before stop strings hold any back)."""
-
-    def apply(
-        self,
-        matcher: Matcher,
-        text: str,
-        # [ceil(V / 32)] int32 on the CPU: the mask ``matcher`` filled; updated in place
-        row: torch.Tensor,
-    ) -> bool:
-        """Clear tokens from ``row`` (never all); ``matcher`` is at the text fed plus ``text`` (drafts)."""
-
-
-@dataclass(eq=False)
-class InFlight:
-    """One completion in flight (compared by identity)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    compiled: CompiledConstraint | None
-    max_tokens: int
-    stop: StopText
-    detok: IncrementalDetokenizer
-    eos: frozenset[int]
-    context_limit: int
-    on_event: Callable[[StreamEvent], None] | None = None
-    partials: bool = True  # events carry the partial JSON value (a parse of the whole text, per token)
-    typed: PartialJson | None = None  # with partials and a JSON schema: the typed value (constrain.decode.partial)
-    encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
-    repetition_guard: bool = False
-    acceptance: Acceptance = field(default_factory=Acceptance)  # of its proposer drafts (its loop sets the prior)
-    matcher: Matcher | None = None
-    budget: Budget | None = None
-    guard: RepetitionGuard | None = None
-    mask_filter: MaskFilter | None = None  # the constraint's own (tools: RepeatedCallFilter)
-    thinking: Thinking | None = None  # with reasoning: the thinking before the answer (constrain.decode.reasoning)
-    answer_start: int = 0  # output_ids[answer_start:] are the answer's (the rest the thinking's)
-    generated: str = ""  # the last GUARD_WINDOW characters, before stop strings hold any back
-    output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    stop_hit: bool = False  # a stop string or regex ended it (its text is already cut)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.compiled is None:
-            return
-        self.matcher = self.compiled.matcher()
-        if self.encode is not None:
-            self.budget = Budget(self.matcher, self.encode, self.max_tokens, initial=True)  # BudgetError: up front
-        if self.repetition_guard:
-            self.guard = RepetitionGuard(self.compiled.tokenizer)
-        make_filter = getattr(self.compiled.constraint, "mask_filter", None)  # a tools grammar's
-        if make_filter is not None:
-            self.mask_filter = make_filter(self.compiled.tokenizer)
-
-    def _emit(self, text: str, token_ids: list[int]) -> None:
-        self.text += text
-        if self.on_event is None:
-            return
-        partial, value = None, None
-        completed: tuple[str, ...] = ()
-        constraint = self.compiled.constraint if self.compiled is not None else None
-        if self.partials and isinstance(constraint, JsonSchema):
-            if self.typed is None:
-                self.typed = PartialJson(constraint.python_type)
-            completed = self.typed.feed(text, final=self.finish_reason is not None)  # finish() sets it first
-            partial, value = _partial(self.compiled, self.text), self.typed.value
-        if text or token_ids or completed:
-            self.on_event(StreamEvent(text, token_ids, partial, value=value, completed=completed))
-
-    @property
-    def thinks(self) -> bool:
-        """Whether the request is still thinking (the constraint does not apply yet)."""
-        return self.thinking is not None and self.thinking.open
-
-    @property
-    def answer_tokens(self) -> int:
-        return len(self.output_ids) - self.answer_start
-
-    def _emit_reasoning(self, delta: str, token_ids: list[int]) -> None:
-        if self.on_event is not None and (delta or token_ids):
-            self.on_event(StreamEvent(delta, token_ids, part="reasoning"))
-
-    def finish(self, reason: FinishReason, error: str | None = None) -> None:
-        self.finish_reason, self.error = reason, error
-        if reason == "stop" and self.stop_hit:
-            self._emit("", [])  # the text is final (a trailing number completes)
-            return
-        if self.thinking is not None and self.thinking.open:  # ended while thinking: the rest is thinking
-            self._emit_reasoning(self.thinking.flush(self.detok.finish()), [])
-            return
-        update = self.stop.feed(self.detok.finish())
-        if update.stopped:
-            self.stop_hit = True
-            self._emit(update.text, [])
-            self.finish_reason = "stop"
-            return
-        self._emit(update.text + self.stop.flush(), [])
-
-    def step(self, token: int) -> bool:
-        """Take the sampled token; return True when the request is finished."""
-        if token < 0:
-            self.finish("error", "the grammar allows no token here (a dead end)")
-            return True
-        if token in self.eos:
-            self.finish("stop")
-            return True
-        if self.thinks:
-            return self._think(token)
-        if self.budget is not None:
-            vetted = self.budget.vet(token, self.max_tokens - self.answer_tokens)
-            if vetted is None:  # complete, and only ending keeps it within the budget
-                self.finish("length")
-                return True
-            if vetted != token and self.params.logprobs is not None and self.logprobs:
-                self.logprobs[-1] = math.nan  # the sampler's logprob was for the token it drew
-            token = vetted
-        if self.matcher is not None and not self.matcher.accept_token(token):
-            self.finish("error", f"the grammar rejected token {token}")
-            return True
-        self.output_ids.append(token)
-        piece = self.detok.add(token)
-        if self.guard is not None:
-            self.generated = (self.generated + piece)[-GUARD_WINDOW:]
-        if self.mask_filter is not None:
-            self.mask_filter.feed(piece)
-        update = self.stop.feed(piece)
-        self._emit(update.text, [token])
-        if update.stopped:
-            self.stop_hit = True
-            self.finish("stop")
-        elif self.matcher is not None and self.matcher.is_completed() and not self.matcher.can_continue():
-            self.finish("stop")
-        elif self.answer_tokens >= self.max_tokens or len(self.prompt_ids) + len(self.output_ids) >= self.context_limit:
-            self.finish("length")
-        return self.finish_reason is not None
-
-    def _think(self, token: int) -> bool:
-        """Take a token of the thinking; at the end tag, the answer starts (with the text after it)."""
-        assert self.thinking is not None
-        self.output_ids.append(token)
-        delta, answer = self.thinking.feed(token, self.detok.add(token))
-        self._emit_reasoning(delta, [token])
-        if answer is not None:
-            self.answer_start = len(self.output_ids)
-            if answer and self.matcher is not None and not self.matcher.accept_string(answer):
-                self.finish("error", f"the grammar rejected {answer!r}, written after the end of the thinking")
-                return True
-            if answer:
-                self.generated = answer[-GUARD_WINDOW:]
-                if self.mask_filter is not None:
-                    self.mask_filter.feed(answer)
-                update = self.stop.feed(answer)
-                self._emit(update.text, [])
-                if update.stopped:
-                    self.stop_hit = True
-                    self.finish("stop")
-                    return True
-        if len(self.prompt_ids) + len(self.output_ids) >= self.context_limit:
-            self.finish("length")
-        return self.finish_reason is not None
-
-    def record_logprobs(self, logprobs: Any, row: int) -> None:
-        """Keep the sampled token's logprob and the top ones this request asked for."""
-        self.logprobs.append(float(logprobs.sampled[row]))
-        top = zip(logprobs.top_token_ids[row].tolist(), logprobs.top_logprobs[row].tolist(), strict=True)
-        self.top_logprobs.append(dict(list(top)[: self.params.logprobs]))
-
-    def result(self) -> GenerationResult:
-        assert self.finish_reason is not None
-        forced = self.budget.forced if self.budget is not None else 0
-        if forced:  # the closing path ended it: complete, but cut short by the budget
-            self.finish_reason = "length"
-        violations, value = check_output(self.compiled, self.text)
-        if self.finish_reason == "error" and not violations:
-            violations = [self.error or "generation failed"]
-        dead_ends = self.matcher.dead_ends if self.matcher is not None else []
-        if violations and dead_ends:
-            violations.append(
-                f"no valid continuation existed at output token {dead_ends[0]}: every token the grammar allowed "
-                "there completed a value the schema forbids (constrain.match.values)"
-            )
-        asked = self.params.logprobs is not None
-        return GenerationResult(
-            text=self.text,
-            value=value,
-            finish_reason=self.finish_reason,
-            token_ids=list(self.output_ids),
-            usage=Usage(
-                len(self.prompt_ids),
-                len(self.output_ids),
-                self.answer_start if not self.thinks else len(self.output_ids),
-            ),
-            violations=violations,
-            logprobs=self.logprobs if asked else None,
-            top_logprobs=self.top_logprobs if asked and self.params.logprobs else None,
-            error=self.error,
-            closed_early=forced > 0,
-            forced_tokens=forced + (self.budget.steered if self.budget is not None else 0),
-            guard_steps=self.guard.steps if self.guard is not None else 0,
-            reasoning=self.thinking.text if self.thinking is not None else None,
-        )
-
-
-def _partial(compiled: CompiledConstraint | None, text: str) -> Any:
-    if compiled is None or not isinstance(compiled.constraint, JsonSchema) or not text.strip():
-        return None
-    from pydantic_core import from_json
-
-    try:
-        return from_json(text, allow_partial=True)
-    except ValueError:
-        return None
-
-
-def check_output(compiled: CompiledConstraint | None, text: str) -> tuple[list[str], Any]:
-    """(violations, value) of the finished text."""
-    if compiled is None:
-        return [], text
-    violations = compiled.validate(text)
-    if violations:
-        return violations, None
-    constraint = compiled.constraint
-    if not isinstance(constraint, JsonSchema):
-        return [], text
-    if constraint.python_type is None:
-        return [], parse_json(text)
-    import pydantic
-
-    try:
-        return [], pydantic.TypeAdapter(constraint.python_type).validate_json(text)
-    except pydantic.ValidationError as err:
-        return [f"{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()], None
+__all__ = ["DecodeLoop", "run"]
 
 
 class _Clock:
@@ -308,94 +56,6 @@ class _Clock:
     def __exit__(self, *exc: object) -> None:
         if self.totals is not None:
             self.totals[self._stage] = self.totals.get(self._stage, 0.0) + time.perf_counter() - self._start
-
-
-_mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constrain-masks")
-
-
-MAX_DRAFT = 16
-"""Jump-forward: at most this many forced tokens are verified in one forward pass."""
-
-
-def _masks(
-    active: list[InFlight],
-    drafts: list[list[int]],
-    vocab: int,
-    decode: Callable[[list[int]], str],
-) -> tuple[list[int], torch.Tensor | None]:  # (constrained slots, [c, ceil(V / 32)] int32 on the CPU)
-    """The bitmasks of every constrained slot: slot ``(i, j)`` is row ``i`` after its first ``j`` drafts
-    (slots numbered row by row), repetition guard and mask filter applied; a thinking row's mask is its
-    :class:`~constrain.decode.reasoning.Thinking`'s. Changes no matcher (drafts go to forks)."""
-    matchers: list[tuple[int, Matcher]] = []  # (mask row, the matcher at that slot)
-    thinking: list[tuple[int, Thinking]] = []  # (mask row, the row's thinking)
-    slots: list[int] = []
-    guarded: list[tuple[int, RepetitionGuard, str]] = []  # (mask row, the row's guard, its recent text)
-    filtered: list[tuple[int, MaskFilter, str]] = []  # (mask row, the row's filter, its drafts' text)
-    slot = 0
-    for i, r in enumerate(active):
-        if r.thinking is not None and r.thinking.open:  # (no drafts while thinking)
-            thinking.append((len(slots), r.thinking))
-            slots.append(slot)
-            slot += 1
-            continue
-        state = r.matcher
-        for j in range(len(drafts[i]) + 1):
-            if state is not None:
-                if j:
-                    state = state.fork()
-                    state.accept_token(drafts[i][j - 1])
-                if r.guard is not None:
-                    guarded.append((len(slots), r.guard, r.generated + decode(drafts[i][:j]) if j else r.generated))
-                if r.mask_filter is not None:
-                    filtered.append((len(slots), r.mask_filter, decode(drafts[i][:j]) if j else ""))
-                matchers.append((len(slots), state))
-                slots.append(slot)
-            slot += 1
-    if not slots:
-        return slots, None
-    bitmask = allocate_token_bitmask(len(slots), vocab)
-    if matchers and not thinking:
-        fill_next_token_bitmasks([m for _, m in matchers], bitmask)
-    elif matchers:
-        filled = allocate_token_bitmask(len(matchers), vocab)  # [m, ceil(V / 32)]
-        fill_next_token_bitmasks([m for _, m in matchers], filled)
-        bitmask[[k for k, _ in matchers]] = filled
-    for k, thought in thinking:
-        thought.fill(bitmask[k])
-    by_row = dict(matchers)
-    for k, guard, text in guarded:
-        guard.apply(text, bitmask[k])
-    for k, mask_filter, text in filtered:
-        mask_filter.apply(by_row[k], text, bitmask[k])
-    return slots, bitmask
-
-
-def _drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> tuple[list[int], bool]:
-    """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
-    (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
-    accepts."""
-    room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
-    if r.finish_reason is not None or room <= 0 or r.thinks:
-        return [], False
-    forced = r.matcher.forced_text() if r.matcher is not None else ""
-    if forced:
-        ids = encode(forced)[:room]
-    elif proposer is not None:
-        ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
-    else:
-        return [], False
-    if r.matcher is not None:
-        ids = ids[: r.matcher.fork().accept_tokens(ids)]
-    return ids, bool(forced)
-
-
-def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
-    """The draft proposer ``speculative`` names; ``ValueError`` for a draft model of another vocabulary."""
-    if isinstance(speculative, bool):
-        return NgramProposer() if speculative else None
-    if isinstance(speculative, DraftModelProposer):
-        speculative.check_vocabulary(handle)
-    return speculative
 
 
 class DecodeLoop:
@@ -426,7 +86,8 @@ class DecodeLoop:
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
     the model is not on the CPU; on the CPU the thread competes with the forward for the same cores
     (measured with SmolLM2 on 2 cores, batch 8: the mask wait fell from 0.65 to 0.02 ms a step and the
-    forward rose by 1.6 ms).
+    forward rose by 1.6 ms). The loop owns that thread: :meth:`close` it (or use the loop as a context
+    manager) when done.
 
     ``timings`` collects seconds per stage (forward, mask, sampler, stop+detokenize).
     """
@@ -448,6 +109,8 @@ class DecodeLoop:
         self.jump_forward = jump_forward
         self.device = next(handle.model.parameters()).device
         self.overlap = self.device.type != "cpu" if overlap is None else overlap
+        # with overlap: the thread that fills the masks during the forward pass (stopped by close())
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="constrain-masks") if self.overlap else None
         tokenizer = handle.tokenizer
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
         self.sampler = Sampler()
@@ -465,19 +128,39 @@ class DecodeLoop:
         self._input_ids = self._mask  # [b, width]: each row's last token and drafts, for the next forward
         self._positions = self._mask  # [b, width]
 
+    def close(self) -> None:
+        """Stop the mask worker thread (with ``overlap``), after the fill in progress if any. Idempotent;
+        a closed loop still steps, filling the masks on the stepping thread. ``with DecodeLoop(...) as loop:``
+        closes it at the end of the block."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> DecodeLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def encode(self, text: str) -> list[int]:
+        """``text`` as token ids, without special tokens (forced text, for drafts)."""
         return list(self.handle.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
+        """The text of token ids ``ids`` (drafts, for the repetition guard and mask filters)."""
         return str(self.handle.tokenizer.decode(ids))
 
     @property
     def busy(self) -> bool:
+        """Whether any request is running or waiting to join."""
         return bool(self.active or self.joining)
 
     def add(self, requests: Sequence[InFlight]) -> None:
         """Queue ``requests`` to join the batch at the next step (their acceptance starts at the
-        proposer's prior)."""
+        proposer's prior). Each must be started (:meth:`InFlight.start <constrain.decode.request.InFlight.start>`,
+        which admission calls), else ``ValueError``."""
+        if not all(r.started for r in requests):
+            raise ValueError("a request joins the loop after InFlight.start() (constrain.generate.admit calls it)")
         if self.proposer is not None:
             for r in requests:
                 r.acceptance = Acceptance(prior=self.proposer.acceptance_prior)
@@ -500,7 +183,7 @@ class DecodeLoop:
             self._select(running)
         joining: list[InFlight] = []
         plan: list[tuple[list[InFlight], int]] = []
-        if self.joining and (not self.active or _mergeable(self._cache)):
+        if self.joining and (not self.active or mergeable(self._cache)):
             plan = self._prefill_plan([r for r in self.joining if r.finish_reason is None])
             joining, self.joining = [r for group, _ in plan for r in group], []
         rows, drafts = self.active + joining, self._drafts + [[] for _ in joining]
@@ -509,11 +192,15 @@ class DecodeLoop:
         vocab, device = self.handle.vocab_size, self.device
         with torch.inference_mode():
             # the masks depend only on the tokens so far: fill them beside the forward pass
-            pending = _mask_pool.submit(_masks, rows, drafts, vocab, self.decode) if self.overlap else None
+            pool = self._pool
+            pending = pool.submit(slot_masks, rows, drafts, vocab, self.decode) if pool is not None else None
             with self.clock("forward"):
                 logits = self._forward(plan)  # [P, V]: every slot's next-token logits
             with self.clock("mask"):  # with overlap: what is left of the fill once the forward is done
-                slots, bitmask = pending.result() if pending is not None else _masks(rows, drafts, vocab, self.decode)
+                if pending is not None:
+                    slots, bitmask = pending.result()
+                else:
+                    slots, bitmask = slot_masks(rows, drafts, vocab, self.decode)
                 if bitmask is not None:
                     bitmask = bitmask.to(device)
             with self.clock("sampler"):
@@ -528,12 +215,12 @@ class DecodeLoop:
 
     def _prefill_plan(self, joining: list[InFlight]) -> list[tuple[list[InFlight], int]]:
         """How to prefill ``joining``: (group, cached prefix length). A request whose prompt starts with
-        :data:`MIN_PREFIX` or more tokens of a prompt prefilled before is prefilled alone, after that
-        prefix (its KV copied from the :class:`PrefixCache`); the others by prompt length, in groups of
-        similar lengths (see :func:`_prefill_groups`)."""
+        :data:`~constrain.decode.kv.MIN_PREFIX` or more tokens of a prompt prefilled before is prefilled
+        alone, after that prefix (its KV copied from the :class:`~constrain.decode.kv.PrefixCache`); the
+        others by prompt length, in groups of similar lengths (:func:`~constrain.decode.kv.prefill_groups`)."""
         hits = [(r, self.prefixes.match(r.prompt_ids)) for r in joining]
         rest = sorted((r for r, n in hits if n == 0), key=lambda r: len(r.prompt_ids))
-        return [([r], n) for r, n in hits if n] + [(group, 0) for group in _prefill_groups(rest)]
+        return [([r], n) for r, n in hits if n] + [(group, 0) for group in prefill_groups(rest)]
 
     def _forward(self, plan: list[tuple[list[InFlight], int]]) -> torch.Tensor:  # [P, V]
         """Run the running rows' step and the joining rows' prefill; merge the joiners into the batch."""
@@ -563,10 +250,10 @@ class DecodeLoop:
                         use_cache=True, **{self._cache_keyword: past}, **self._last_only)  # fmt: skip
             parts.append(out.logits[:, -1])  # [g, V]
             cache = getattr(out, self._cache_keyword)
-            if _mergeable(cache):
+            if mergeable(cache):
                 self.prefixes.add([r.prompt_ids for r in group], cache)
             if self.active:
-                self._mask = _merge(self._cache, self._mask, cache, mask)
+                self._mask = merge_rows(self._cache, self._mask, cache, mask)
             else:
                 self._cache, self._mask = cache, mask
             self.active, self._drafts = self.active + group, self._drafts + [[] for _ in group]
@@ -618,7 +305,7 @@ class DecodeLoop:
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
-        drafts = [_drafts(r, self.encode, self.proposer) if self.jump_forward else ([], False) for r in self.active]
+        drafts = [next_drafts(r, self.encode, self.proposer) if self.jump_forward else ([], False) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         relative = functools.partial(self._relative_cost, len(self.active))
@@ -671,118 +358,6 @@ def _project_only(
         hook.remove()
 
 
-MIN_PREFIX = 16
-"""Shortest shared prompt prefix (tokens) worth prefilling from the :class:`PrefixCache`."""
-
-
-class PrefixCache:
-    """The KV cache of recently prefilled prompts, so that a prompt sharing a prefix with one of them
-    (the chat template's system prompt, a tool list, a few-shot preamble) is prefilled from there.
-
-    Keeps whole prompts (least recently used dropped past ``max_tokens`` tokens in all), matched by
-    longest common prefix; only for caches of full-attention layers (see :func:`_mergeable`).
-    Keys already carry their rotary positions, which a prompt sharing the prefix shares too.
-    """
-
-    def __init__(self, max_tokens: int = 1 << 16) -> None:
-        self.max_tokens = max_tokens
-        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
-        self._tokens = 0
-
-    def match(self, prompt: Sequence[int]) -> int:
-        """Length of the longest prefix of ``prompt`` cached (0 below :data:`MIN_PREFIX`), at most all
-        tokens but the last (whose logits the prefill must compute)."""
-        head, best = tuple(prompt[: len(prompt) - 1]), 0
-        for key in self._entries:
-            low, high = MIN_PREFIX, min(len(key), len(head))  # the common length, by bisection on slices
-            if high < low or key[:low] != head[:low]:
-                continue
-            while low < high:
-                mid = (low + high + 1) // 2
-                low, high = (mid, high) if key[:mid] == head[:mid] else (low, mid - 1)
-            best = max(best, low)
-        return best if best >= MIN_PREFIX else 0
-
-    def cache(self, prompt: Sequence[int], length: int) -> Any:
-        """A fresh ``DynamicCache`` holding the KV of ``prompt[:length]`` (which :meth:`match` found)."""
-        from transformers import DynamicCache
-
-        head = tuple(prompt[:length])
-        key = next(k for k in self._entries if k[:length] == head)
-        self._entries.move_to_end(key)
-        out = DynamicCache()
-        for layer, (keys, values) in enumerate(self._entries[key]):
-            out.update(keys[:, :, :length], values[:, :, :length], layer)  # views: the forward appends by copy
-        return out
-
-    def add(self, prompts: list[list[int]], cache: Any) -> None:
-        """Keep the KV of each of ``prompts``, the rows of ``cache`` (left-padded to the longest)."""
-        width = max(len(p) for p in prompts)
-        for row, prompt in enumerate(prompts):
-            key = tuple(prompt)
-            if key in self._entries or len(prompt) > self.max_tokens:
-                continue
-            start = width - len(prompt)
-            self._entries[key] = [
-                (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
-                for layer in cache.layers
-            ]  # [1, heads, len(prompt), head_dim] each
-            self._tokens += len(prompt)
-        while self._tokens > self.max_tokens:
-            key, _ = self._entries.popitem(last=False)
-            self._tokens -= len(key)
-
-
-PREFILL_PADDING = 0.25
-"""A prefill group's longest prompt exceeds its shortest by at most this share (plus 8 tokens)."""
-
-
-def _prefill_groups(joining: list[InFlight]) -> list[list[InFlight]]:
-    """``joining`` (sorted by prompt length) cut into runs of similar lengths, each prefilled in one
-    forward pass: padding a 40-token prompt to a 200-token neighbour would cost 5x its compute, and on
-    a compute-bound device one pass per group costs about what one padded pass would."""
-    groups: list[list[InFlight]] = []
-    for r in joining:
-        if groups and len(r.prompt_ids) <= len(groups[-1][0].prompt_ids) * (1 + PREFILL_PADDING) + 8:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
-    return groups
-
-
-def _mergeable(cache: Any) -> bool:
-    """Whether rows can join ``cache``: every layer a plain (full attention) dynamic layer."""
-    from transformers.cache_utils import DynamicLayer
-
-    return cache is not None and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
-
-
-def _merge(
-    cache: Any,
-    # [b, T] long: the running rows' attention mask, as long as ``cache``
-    mask: torch.Tensor,
-    joining: Any,
-    # [n, T'] long: the joining rows' attention mask, as long as ``joining``
-    joining_mask: torch.Tensor,
-) -> torch.Tensor:  # [b + n, max(T, T')]
-    """Append ``joining``'s rows to ``cache`` (mutated), left-padding the shorter side; returns the
-    merged attention mask. Keys already carry their rotary positions, so padding shifts nothing."""
-    width = max(mask.shape[1], joining_mask.shape[1])
-
-    def pad(x: torch.Tensor, dim: int) -> torch.Tensor:
-        missing = width - x.shape[dim]
-        if not missing:
-            return x
-        shape = list(x.shape)
-        shape[dim] = missing
-        return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-    for layer, new in zip(cache.layers, joining.layers, strict=True):
-        layer.keys = torch.cat([pad(layer.keys, 2), pad(new.keys, 2)])  # [b + n, heads, width, head_dim]
-        layer.values = torch.cat([pad(layer.values, 2), pad(new.values, 2)])
-    return torch.cat([pad(mask, 1), pad(joining_mask, 1)])
-
-
 def run(
     handle: ModelHandle,
     requests: list[InFlight],
@@ -796,14 +371,14 @@ def run(
 ) -> None:
     """Decode every request to its end, as one batch (see :class:`DecodeLoop` for the options); once
     ``cancelled`` is set (from any thread), the requests still running end as ``"cancelled"``."""
-    loop = DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
-                      forward_cost=forward_cost)  # fmt: skip
-    loop.add(requests)
-    while loop.busy:
-        if cancelled is not None and cancelled.is_set():
-            for r in requests:
-                loop.cancel(r)
-        loop.step()
+    with DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
+                    forward_cost=forward_cost) as loop:  # fmt: skip
+        loop.add(requests)
+        while loop.busy:
+            if cancelled is not None and cancelled.is_set():
+                for r in requests:
+                    loop.cancel(r)
+            loop.step()
 
 
 def _sample(

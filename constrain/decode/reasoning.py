@@ -31,7 +31,6 @@ the thinking (tags excluded, its text exact), ``text`` and ``value`` the answer;
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +39,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from constrain.backends.tokenizer import TokenizerInfo
+from constrain.caches import bounded
 from constrain.errors import ReasoningError
+from constrain.match.bitmask import bitmask_size, pack, set_bits
 
 __all__ = [
     "KNOWN_TAGS",
@@ -114,14 +115,14 @@ def _held(text: str, tag: str) -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=16)
+@bounded("decode.thinking_masks", maxsize=16)
 def _thinking_masks(info: TokenizerInfo, end: str, eos: tuple[int, ...]) -> torch.Tensor:
     """``[len(end), ceil(V / 32)]`` int32: the tokens allowed while thinking, by how many characters
     of ``end`` the text ends with: all but EOS and those that would complete ``end`` and carry on
     with more than whitespace (the answer must start on a token boundary). Built once per tokenizer
     and tag (a pass over the tokens holding ``end``'s last character)."""
     vocab = info.vocab_size
-    allowed = np.ones((len(end), 32 * ((vocab + 31) // 32)), dtype=bool)  # [L, 32 * ceil(V / 32)]
+    allowed = np.ones((len(end), 32 * bitmask_size(vocab)), dtype=bool)  # [L, 32 * ceil(V / 32)]
     allowed[:, list(eos)] = False
     last = end[-1].encode()
     for token_id, raw in enumerate(info.xgr_info.decoded_vocab[:vocab]):
@@ -133,8 +134,7 @@ def _thinking_masks(info: TokenizerInfo, end: str, eos: tuple[int, ...]) -> torc
             at = joined.find(end)
             if at >= 0 and joined[at + len(end) :].strip():
                 allowed[held, token_id] = False
-    packed = np.packbits(allowed.reshape(len(end), -1, 32), axis=-1, bitorder="little")  # [L, ceil(V / 32), 4]
-    return torch.from_numpy(packed.copy().view(np.int32).squeeze(-1))  # [L, ceil(V / 32)]: bit i of word w: 32w + i
+    return torch.from_numpy(pack(allowed))  # [L, ceil(V / 32)] int32
 
 
 class Thinking:
@@ -189,7 +189,7 @@ class Thinking:
         if self.forced:
             row.zero_()
             token = self.forced[0]
-            row[token // 32] = int(np.uint32(1 << (token % 32)).view(np.int32))
+            set_bits(row, [token])
             return
         row.copy_(self.masks[self._held()])
 

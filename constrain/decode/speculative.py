@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from constrain.match.matcher import allocate_token_bitmask
+from constrain.match.bitmask import allocate_token_bitmask
 from constrain.models.cost import cache_keyword
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 

@@ -33,10 +33,12 @@ import torch
 from constrain.compile.compiler import compile
 from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
 from constrain.decode.detokenizer import IncrementalDetokenizer
-from constrain.decode.loop import GUARD_WINDOW
-from constrain.match.closing import NEAR, Budget, RepetitionGuard, completion
-from constrain.match.keys import clear_bits
+from constrain.decode.request import GUARD_WINDOW
+from constrain.match.bitmask import clear_bits
+from constrain.match.budget import NEAR, Budget
+from constrain.match.closing import completion
 from constrain.match.matcher import Matcher
+from constrain.match.repetition import RepetitionGuard
 from constrain.tools.calling import tool_calling
 
 __all__ = ["CONSTRAINT_KEYS", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]

@@ -19,7 +19,8 @@ import torch
 
 from constrain.constraints.constraint import Constraint
 from constrain.integrations.guide import Guide, GuideSpec, guide_spec
-from constrain.match.matcher import allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.matcher import fill_next_token_bitmasks
 from constrain.models.loading import end_token_ids
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 

@@ -33,7 +33,8 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from constrain.integrations.guide import Guide, allow_only, guide_spec
-from constrain.match.matcher import allocate_token_bitmask, fill_next_token_bitmasks
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.matcher import fill_next_token_bitmasks
 from constrain.models.loading import load_tokenizer
 from sampler.ops.bitmask import apply_token_bitmask_inplace
 

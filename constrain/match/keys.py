@@ -22,18 +22,17 @@ token in ``accept_token``, so sampling, jump-forward, speculation and the closin
 from __future__ import annotations
 
 import bisect
-import functools
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
+from constrain.match.bitmask import allowed_among, clear_bits
+from constrain.match.vocab import KeyVocab, key_vocab
 
-__all__ = ["KeyState", "clear_bits", "may_repeat_keys"]
+__all__ = ["KeyState", "may_repeat_keys"]
 
 # scanner modes
 _VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
@@ -42,25 +41,6 @@ _WHITESPACE = frozenset(b" \t\n\r")
 
 Frame = frozenset[bytes] | None
 """An open container: an object's keys so far (as written, without quotes), or None for an array."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Vocab:
-    texts: list[bytes]  # per token id, its bytes (b"" for special tokens)
-    sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
-    sorted_ids: list[int]  # the token id of each sorted text
-    multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
-
-
-@functools.lru_cache(maxsize=8)
-def _vocab(info: TokenizerInfo) -> _Vocab:
-    special = set(info.xgr_info.special_token_ids)
-    texts = [b"" if i in special else bytes(t) for i, t in enumerate(info.xgr_info.decoded_vocab)]
-    texts += [b""] * (info.vocab_size - len(texts))
-    order = sorted((t, i) for i, t in enumerate(texts) if t)
-    quotes = [t.count(b'"') for t in texts]
-    multi = tuple(np.array([i for i, n in enumerate(quotes) if n >= least], dtype=np.int64) for least in (2, 3))
-    return _Vocab(texts, [t for t, _ in order], [i for _, i in order], (multi[0], multi[1]))
 
 
 def _scan(mode: int, stack: tuple[Frame, ...], key: bytes, data: bytes) -> tuple[int, tuple[Frame, ...], bytes, bool]:
@@ -110,14 +90,14 @@ def _scan(mode: int, stack: tuple[Frame, ...], key: bytes, data: bytes) -> tuple
 class KeyState:
     """Where the output stands in its JSON value, and the keys of every open object. Immutable."""
 
-    vocab: _Vocab
+    vocab: KeyVocab
     mode: int = _VALUE
     stack: tuple[Frame, ...] = ()
     key: bytes = b""  # the key being written (mode _IN_KEY / _KEY_ESCAPE), as written
 
     @classmethod
     def initial(cls, info: TokenizerInfo) -> KeyState:
-        return cls(_vocab(info))
+        return cls(key_vocab(info))
 
     def advance(self, token_id: int) -> KeyState | None:
         """The state after ``token_id``; None when it would complete a key its object already has."""
@@ -136,7 +116,6 @@ class KeyState:
         """Clear from ``row`` every token that would complete a key its object already has."""
         if not any(frame for frame in self.stack):
             return  # no object holds a key yet (a token completing two equal keys at once is not a word)
-        words = row.numpy()  # [ceil(V / 32)] int32, a view: writes go to ``row``
         vocab = self.vocab
         banned: list[int] = []
         if self.mode in (_IN_KEY, _KEY_ESCAPE):
@@ -148,20 +127,9 @@ class KeyState:
                     banned += vocab.sorted_ids[lo:hi]
         # from inside a string value, a token must close it, then open and close a key: three quotes
         ids = vocab.multi_quote[self.mode == _IN_STRING]  # [m] int64
-        allowed = ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1]  # [k] int64
+        allowed = allowed_among(row, ids)  # [k] int64
         banned += [token for token in allowed.tolist() if self.advance(token) is None]
-        clear_bits(words, banned)
-
-
-def clear_bits(
-    # [ceil(V / 32)] int32: a mask row's words; updated in place
-    words: np.ndarray,
-    tokens: Iterable[int],
-) -> None:
-    """Clear the bits of ``tokens`` (each word is cleared as unsigned, written back as the int32 of its bits)."""
-    for token in tokens:
-        word = int(words[token >> 5]) & 0xFFFFFFFF & ~(1 << (token & 31))
-        words[token >> 5] = word - (1 << 32) if word >> 31 else word
+        clear_bits(row, banned)
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:

@@ -13,35 +13,48 @@ The loop a matcher serves, per decode step:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-import xgrammar as xgr
 
-from constrain.backends import llguidance as llg
-from constrain.backends.llguidance import LlgState
+from constrain.backends.base import CompiledGrammar, GrammarState
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.constraints.constraint import Constraint
+from constrain.match.bitmask import allocate_token_bitmask, clear_bits
+from constrain.match.checks import CallChecks, ValueChecks
+from constrain.match.embedded import CallValues
 from constrain.match.keys import KeyState
-from constrain.match.values import DEAD_END, VIABLE, CallValues, ValueState
+from constrain.match.values import DEAD_END, VIABLE, ValueState
 
-if TYPE_CHECKING:
-    from constrain.compile.compiler import CompiledConstraint
+__all__ = ["LOOKAHEAD_PROBES", "Compiled", "Matcher", "fill_next_token_bitmasks"]
 
-__all__ = ["LOOKAHEAD_PROBES", "Matcher", "allocate_token_bitmask", "fill_next_token_bitmasks"]
+
+class Compiled(Protocol):
+    """What a matcher needs of a compiled constraint (:class:`constrain.compile.compiler.CompiledConstraint`,
+    which makes matchers: this layer sits below it)."""
+
+    @property
+    def constraint(self) -> Constraint: ...
+
+    @property
+    def tokenizer(self) -> TokenizerInfo: ...
+
+    @property
+    def grammar(self) -> CompiledGrammar: ...
+
+    @property
+    def unique_keys(self) -> bool: ...
+
+    @property
+    def value_checks(self) -> ValueChecks | CallChecks | None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
 
 LOOKAHEAD_PROBES = 128
 """Per filled mask, at most this many look-ahead probes (a fork, a token, a mask each) decide which
 tokens lead into a dead end of the value checks (see ``Matcher``); past it, tokens are assumed viable."""
-
-
-def allocate_token_bitmask(batch_size: int, vocab_size: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A ``[batch_size, ceil(vocab_size / 32)]`` int32 bitmask with every token allowed.
-
-    Fill it on the CPU (the matchers write host memory), then move it to the
-    logits' device for the sampler.
-    """
-    if batch_size < 1 or vocab_size < 1:
-        raise ValueError(f"batch_size and vocab_size must be positive, got {batch_size} and {vocab_size}")
-    return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device)
 
 
 class Matcher:
@@ -58,19 +71,10 @@ class Matcher:
     nothing at a dead end: the search backs out of it instead.
     """
 
-    def __init__(self, compiled: CompiledConstraint, *, max_rollback_tokens: int = -1) -> None:
+    def __init__(self, compiled: Compiled, *, max_rollback_tokens: int = -1) -> None:
         self.compiled = compiled
         self._max_rollback = max_rollback_tokens
-        self._engine: xgr.GrammarMatcher | LlgState
-        if compiled.grammar is not None:
-            self._engine = xgr.GrammarMatcher(
-                compiled.grammar,
-                override_stop_tokens=list(compiled.tokenizer.eos_token_ids) or None,
-                max_rollback_tokens=max_rollback_tokens,
-            )
-        else:
-            info = compiled.tokenizer
-            self._engine = LlgState(compiled.llg_template.deep_copy(), info.llg_tokenizer(), info.eos_token_ids)
+        self._grammar_state: GrammarState = compiled.grammar.new_state(max_rollback_tokens=max_rollback_tokens)
         self.num_accepted = 0
         # the key scanner after each accepted token, the initial state first (None: no key guard)
         self._keys: list[KeyState] | None = [KeyState.initial(compiled.tokenizer)] if compiled.unique_keys else None
@@ -96,7 +100,7 @@ class Matcher:
         """
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
-        restricts = bool(self._engine.fill_next_token_bitmask(bitmask, index))
+        restricts = bool(self._grammar_state.fill_next_token_bitmask(bitmask, index))
         self._check_row(bitmask[index])
         return restricts or self._keys is not None or self._values is not None
 
@@ -128,13 +132,13 @@ class Matcher:
         probe = self.fork()
         if not probe.accept_token(token_id):
             return False
-        forced = str(probe._engine.find_jump_forward_string()).encode()
+        forced = str(probe._grammar_state.find_jump_forward_string()).encode()
         assert probe._values is not None
         state = probe._values[-1].advance_bytes(forced) if forced else probe._values[-1]
-        if state is None or depth <= 1 or probe._engine.is_terminated():
+        if state is None or depth <= 1 or probe._grammar_state.is_terminated():
             return state is not None
         row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
-        probe._engine.fill_next_token_bitmask(row.unsqueeze(0), 0)
+        probe._grammar_state.fill_next_token_bitmask(row.unsqueeze(0), 0)
         return state.forbid_violations(row, self._eos, lambda token: probe._viable(token, depth - 1, budget)) == VIABLE
 
     def accept_token(self, token_id: int) -> bool:
@@ -151,7 +155,7 @@ class Matcher:
                     return False
                 if token_id in self.compiled.tokenizer.eos_token_ids and not stuck and not values.can_end():
                     return False
-        if not self._engine.accept_token(token_id):
+        if not self._grammar_state.accept_token(token_id):
             return False
         if self._keys is not None:
             self._keys.append(keys or self._keys[-1])
@@ -174,7 +178,7 @@ class Matcher:
         values = None if self._values is None else self._values[-1].advance_bytes(data)
         if (self._keys is not None and keys is None) or (self._values is not None and values is None):
             return False
-        if not self._engine.accept_string(text):
+        if not self._grammar_state.accept_string(text):
             return False
         if self._keys is not None and keys is not None:
             self._keys[-1] = keys
@@ -186,7 +190,7 @@ class Matcher:
         """Undo the last ``num_tokens`` accepted tokens."""
         if num_tokens < 0 or num_tokens > self.num_accepted:
             raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
-        self._engine.rollback(num_tokens)
+        self._grammar_state.rollback(num_tokens)
         self.num_accepted -= num_tokens
         if self._keys is not None and num_tokens:
             del self._keys[-num_tokens:]
@@ -197,11 +201,11 @@ class Matcher:
 
     def is_terminated(self) -> bool:
         """True once an EOS token was accepted."""
-        return bool(self._engine.is_terminated())
+        return bool(self._grammar_state.is_terminated())
 
     def is_completed(self) -> bool:
         """True when the text so far is a complete match (EOS would be accepted now)."""
-        return bool(self._engine.is_completed()) and (self._values is None or self._values[-1].can_end())
+        return bool(self._grammar_state.is_completed()) and (self._values is None or self._values[-1].can_end())
 
     def can_continue(self) -> bool:
         """Whether any token besides EOS is allowed now (a complete ``12`` may still become ``123``).
@@ -209,12 +213,10 @@ class Matcher:
         Does not change the matcher state.
         """
         bitmask = allocate_token_bitmask(1, self.compiled.vocab_size)
-        self._engine.fill_next_token_bitmask(bitmask, 0)
-        words = bitmask[0]  # [ceil(V / 32)] int32
-        for token in self.compiled.tokenizer.eos_token_ids:
-            bit = 1 << (token % 32)
-            words[token // 32] &= ~(bit - (1 << 32) if bit >= 1 << 31 else bit)  # as a signed int32
-        return bool((words != 0).any())
+        self._grammar_state.fill_next_token_bitmask(bitmask, 0)
+        words = bitmask[0].numpy()  # [ceil(V / 32)] int32, a view
+        clear_bits(words, self.compiled.tokenizer.eos_token_ids)
+        return bool(words.any())
 
     def forced_text(self) -> str:
         """The longest text every continuation starts with ("" if the next character is free, or if that
@@ -222,14 +224,14 @@ class Matcher:
 
         Does not change the matcher state.
         """
-        text = str(self._engine.find_jump_forward_string())
+        text = str(self._grammar_state.find_jump_forward_string())
         if text and self._values is not None and self._values[-1].advance_bytes(text.encode()) is None:
             return ""
         return text
 
     def reset(self) -> None:
         """Back to the initial state."""
-        self._engine.reset()
+        self._grammar_state.reset()
         self.num_accepted = 0
         if self._keys is not None:
             del self._keys[1:]
@@ -253,7 +255,7 @@ class Matcher:
         twin = Matcher.__new__(Matcher)
         twin.compiled = self.compiled
         twin._max_rollback = self._max_rollback
-        twin._engine = self._engine.fork()
+        twin._grammar_state = self._grammar_state.fork()
         twin.num_accepted = self.num_accepted
         twin._keys = None if self._keys is None else list(self._keys)
         twin._values = None if self._values is None else list(self._values)
@@ -261,9 +263,6 @@ class Matcher:
         twin._eos = self._eos
         twin.searching = self.searching if search is None else search
         return twin
-
-
-_batch = xgr.BatchGrammarMatcher()
 
 
 def fill_next_token_bitmasks(
@@ -281,11 +280,13 @@ def fill_next_token_bitmasks(
     if indices is not None and len(indices) != len(matchers):
         raise ValueError(f"{len(indices)} indices for {len(matchers)} matchers")
     rows = list(indices) if indices is not None else list(range(len(matchers)))
-    by_xgr = [(m._engine, row) for m, row in zip(matchers, rows, strict=True) if not isinstance(m._engine, LlgState)]
-    by_llg = [(m._engine, row) for m, row in zip(matchers, rows, strict=True) if isinstance(m._engine, LlgState)]
-    if by_xgr:
-        _batch.batch_fill_next_token_bitmask([m for m, _ in by_xgr], bitmask, [row for _, row in by_xgr])
-    if by_llg:
-        llg.fill_next_token_bitmasks([m for m, _ in by_llg], bitmask, [row for _, row in by_llg])
+    groups: dict[int, tuple[CompiledGrammar, list[GrammarState], list[int]]] = {}  # by backend: one call each
+    for matcher, row in zip(matchers, rows, strict=True):
+        grammar = matcher.compiled.grammar
+        _, states, at = groups.setdefault(id(grammar.backend), (grammar, [], []))
+        states.append(matcher._grammar_state)
+        at.append(row)
+    for grammar, states, at in groups.values():
+        grammar.fill_next_token_bitmasks(states, bitmask, at)
     for matcher, row in zip(matchers, rows, strict=True):
         matcher._check_row(bitmask[row])

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jsonschema
 import regex as regex_module
-import xgrammar as xgr
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from constrain.caches import bounded
 from constrain.constraints.constraint import Choice, Grammar, JsonSchema, Regex
-
-if TYPE_CHECKING:
-    from constrain.compile.compiler import CompiledConstraint
+from constrain.match.matcher import Compiled
 
 __all__ = ["parse_json", "schema_validator", "schema_violations", "validate"]
 
@@ -52,7 +49,7 @@ def _is_iri(instance: object) -> bool:
     return not isinstance(instance, str) or regex_module.match(r"[A-Za-z][A-Za-z0-9+.\-]*:", instance) is not None
 
 
-@functools.lru_cache(maxsize=256)
+@bounded("match.schema_validator", maxsize=256)
 def schema_validator(schema_text: str) -> jsonschema.protocols.Validator:
     """The validator of a JSON schema (its own draft, formats asserted, no reference fetched); memoized."""
     schema = json.loads(schema_text)
@@ -78,7 +75,7 @@ def schema_violations(constraint: JsonSchema, text: str) -> list[str]:
     return [f"{_pointer(e.absolute_path)}: {e.message}" for e in errors]
 
 
-def validate(compiled: CompiledConstraint, text: str) -> list[str]:
+def validate(compiled: Compiled, text: str) -> list[str]:
     """Return the violations of ``text``; empty when it satisfies the constraint. Pure."""
     constraint = compiled.constraint
     if isinstance(constraint, JsonSchema):
@@ -90,9 +87,8 @@ def validate(compiled: CompiledConstraint, text: str) -> list[str]:
     if isinstance(constraint, Choice):
         return [] if text in constraint.options else [f"{text!r} is not one of the {len(constraint.options)} choices"]
     if isinstance(constraint, Grammar):
-        assert compiled.grammar is not None  # EBNF grammars are always xgrammar's
-        matcher = xgr.GrammarMatcher(compiled.grammar, terminate_without_stop_token=True)
-        if not matcher.accept_string(text) or not matcher.is_completed():
+        state = compiled.grammar.new_state()
+        if not state.accept_string(text) or not state.is_completed():
             return ["is not a complete sentence of the grammar"]
         return []
     raise ValueError(f"unknown constraint type {type(constraint).__name__}")

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from constrain.caches import register
+
 __all__ = ["KNEE", "MEASURE_TOKENS", "ForwardCost", "cache_keyword", "forward_cost", "measure_forward_cost"]
 
 MEASURE_TOKENS = (1, 4, 16, 64, 256, 1024)
@@ -126,6 +128,7 @@ def measure_forward_cost(model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS
 
 _measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ForwardCost]] = weakref.WeakKeyDictionary()
 """Per model (dropped with it), per (device, dtype) of its parameters: its measured cost."""
+register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
 
 def forward_cost(model: Any) -> ForwardCost:

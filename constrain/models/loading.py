@@ -29,6 +29,7 @@ __all__ = [
     "gguf_path",
     "load_model",
     "load_tokenizer",
+    "model_handle",
     "prepack_linears",
 ]
 
@@ -334,3 +335,9 @@ def load_model(
     if _prepacks(model, device) if prepack is None else prepack:
         prepack_linears(model)
     return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))
+
+
+def model_handle(model: Any) -> ModelHandle:
+    """``model`` itself if it is a :class:`ModelHandle`, else :func:`load_model` of it (with the default
+    dtype and device): what every call that takes "a model" accepts (None: the default packaged model)."""
+    return model if isinstance(model, ModelHandle) else load_model(model)

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from constrain.decode.loop import DecodeLoop, InFlight
+from constrain.decode.loop import DecodeLoop
+from constrain.decode.request import InFlight
 from constrain.decode.speculative import Proposer
 from constrain.models.cost import ForwardCost
 from constrain.models.loading import ModelHandle
@@ -62,6 +63,7 @@ class Engine:
         self._closed = False
         self.steps = 0  # forward passes run, for tests and metrics
         self.peak_batch = 0  # most requests in the batch at once
+        self._changed = threading.Condition()  # notified after every step: wait_idle
         self._thread = threading.Thread(target=self._serve, name="constrain-engine", daemon=True)
         self._thread.start()
 
@@ -83,6 +85,22 @@ class Engine:
         self._inbox.put(("close", None, None))
         self._thread.join(timeout)
 
+    @property
+    def running(self) -> int:
+        """Requests in the batch now (read-only, from any thread; changes between steps)."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests taken in but not yet in the batch (beyond ``max_batch``); the inbox not yet read is not counted."""
+        return len(self._waiting)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no request is running or waiting (checked after every step), at most ``timeout``
+        seconds: True once idle, False on timeout. Changes nothing."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._running and not self._waiting, timeout)
+
     def _serve(self) -> None:
         loop = self._new_loop()
         while True:
@@ -90,6 +108,7 @@ class Engine:
                 for r, done in self._waiting + list(self._running.values()):
                     loop.cancel(r)
                     done(r, r.result())
+                loop.close()
                 return
             try:
                 loop.step()
@@ -98,11 +117,14 @@ class Engine:
                 for r, done in self._running.values():
                     done(r, err)
                 self._running.clear()
+                loop.close()
                 loop = self._new_loop()
             for key, (r, done) in list(self._running.items()):
                 if r.finish_reason is not None:
                     del self._running[key]
                     done(r, r.result())
+            with self._changed:
+                self._changed.notify_all()
 
     def _take(self, loop: DecodeLoop, *, block: bool) -> bool:
         """Move the inbox into the loop (submissions up to ``max_batch``, cancellations); False on close."""

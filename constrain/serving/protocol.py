@@ -41,9 +41,18 @@ from constrain.errors import BeamSearchError
 from constrain.generate import DEFAULT_MAX_TOKENS, Request
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
-from constrain.tools.calling import ParsedReply, ToolCallDelta, ToolCalling, finish_reason, tool_call_json, tool_calling
+from constrain.tools.calling import ToolCalling, tool_calling
+from constrain.tools.parser import ParsedReply, ToolCallDelta, tool_call_json
+from constrain.tools.reply import AssistantReply, finish_reason
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "chat_requests", "completion_requests", "finish_fields"]
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "chat_message",
+    "chat_requests",
+    "completion_requests",
+    "finish_fields",
+]
 
 
 class _Body(BaseModel):
@@ -273,8 +282,20 @@ def delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return {"index": delta.index, "function": {"arguments": delta.arguments}}
 
 
+def chat_message(reply: AssistantReply, reasoning: str | None = None) -> dict[str, Any]:
+    """OpenAI's assistant ``message`` of a chat completion's choice (a fresh dict): ``content`` is null
+    beside tool calls when the reply has no free text; ``reasoning_content`` when ``reasoning`` is given."""
+    content = reply.content or None if reply.tool_calls else reply.content
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = [call.openai() for call in reply.tool_calls]
+    return message
+
+
 def finish_fields(result: GenerationResult, reply: ParsedReply | None) -> dict[str, Any]:
-    """A choice's ``finish_reason`` (:func:`constrain.tools.calling.finish_reason`), except that a result the
+    """A choice's ``finish_reason`` (:func:`constrain.tools.reply.finish_reason`), except that a result the
     budget closed that is complete and valid (``reply`` too) finishes with ``"stop"`` or, after calls,
     ``"tool_calls"``; with ``closed_early`` and ``forced_tokens`` whenever the budget closed it (see the
     module docstring)."""

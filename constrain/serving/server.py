@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from constrain.decode.loop import InFlight
+from constrain.decode.request import InFlight
 from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
 from constrain.generate import Request, admit, admit_beam_search
 from constrain.models.loading import ModelHandle
@@ -38,6 +38,7 @@ from constrain.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_logprobs,
+    chat_message,
     chat_requests,
     completion_logprobs,
     completion_requests,
@@ -47,7 +48,8 @@ from constrain.serving.protocol import (
     new_id,
     usage_json,
 )
-from constrain.tools.calling import ToolCalling, tool_call_json
+from constrain.tools.calling import ToolCalling
+from constrain.tools.reply import assistant_reply
 from sampler.errors import SamplerError
 
 __all__ = ["create_app", "serve"]
@@ -273,21 +275,14 @@ def _with_violations(choice: dict[str, Any], violations: list[str]) -> dict[str,
 def _chat_choice(
     index: int, result: GenerationResult, tools: ToolCalling | None, handle: ModelHandle, logprobs: bool
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": result.text}
-    if result.reasoning is not None:
-        message["reasoning_content"] = result.reasoning
-    violations = list(result.violations)
-    reply = tools.parse(result.text) if tools is not None else None
-    if reply is not None:
-        message["content"] = reply.content or None if reply.tool_calls else reply.content
-        if reply.tool_calls:
-            message["tool_calls"] = [tool_call_json(c.id, c.name, c.arguments_json) for c in reply.tool_calls]
-        violations += [v for v in reply.violations if v not in violations]
+    parsed = tools.parse(result.text) if tools is not None else None
+    reply = assistant_reply(result, parsed)
     scores = (
         chat_logprobs(handle, result.token_ids, result.logprobs or [], result.top_logprobs or []) if logprobs else None
     )
-    choice = {"index": index, "message": message, **finish_fields(result, reply), "logprobs": scores}
-    return _with_violations(choice, violations)
+    message = chat_message(reply, result.reasoning)
+    choice = {"index": index, "message": message, **finish_fields(result, parsed), "logprobs": scores}
+    return _with_violations(choice, reply.violations)
 
 
 async def _chat_stream(

@@ -1,28 +1,16 @@
-"""Function calling: tool definitions, call formats, the grammar of a reply, and its parser."""
+"""Function calling: tool definitions, call formats, prompts, the grammar of a reply, its parser, the reply.
 
-from constrain.tools.calling import (
-    FALLBACK_INSTRUCTIONS,
-    MODEL_FAMILIES,
-    MODES,
-    TOOL_FORMATS,
-    ChatDelta,
-    ChatResult,
-    ParsedReply,
-    Tool,
-    ToolCall,
-    ToolCallDelta,
-    ToolCalling,
-    ToolCallParser,
-    ToolFormat,
-    ToolGrammar,
-    chat,
-    finish_reason,
-    tool,
-    tool_call_json,
-    tool_calling,
-    tool_format,
-)
+``constrain.chat`` (:mod:`constrain.chat`) is the call that puts these together.
+"""
+
+from constrain.tools.calling import ToolCalling, ToolChoice, tool_calling
+from constrain.tools.definitions import MODES, Tool, tool
+from constrain.tools.formats import MODEL_FAMILIES, TOOL_FORMATS, ToolFormat, tool_format
+from constrain.tools.grammar import ToolGrammar
+from constrain.tools.parser import ChatDelta, ParsedReply, ToolCall, ToolCallDelta, ToolCallParser, tool_call_json
+from constrain.tools.prompts import FALLBACK_INSTRUCTIONS
 from constrain.tools.repeats import LOOKAHEAD, RepeatedCallFilter
+from constrain.tools.reply import AssistantReply, assistant_reply, finish_reason
 
 __all__ = [
     "FALLBACK_INSTRUCTIONS",
@@ -30,8 +18,8 @@ __all__ = [
     "MODEL_FAMILIES",
     "MODES",
     "TOOL_FORMATS",
+    "AssistantReply",
     "ChatDelta",
-    "ChatResult",
     "ParsedReply",
     "RepeatedCallFilter",
     "Tool",
@@ -39,9 +27,10 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallParser",
     "ToolCalling",
+    "ToolChoice",
     "ToolFormat",
     "ToolGrammar",
-    "chat",
+    "assistant_reply",
     "finish_reason",
     "tool",
     "tool_call_json",

@@ -4,7 +4,7 @@ A reply that may hold several calls (``tool_choice`` "auto" or "required" with `
 should not call a tool twice with the same arguments, as small models do when they loop. A grammar
 cannot say "not a call made before" (the earlier calls are the request's own state), so the decode
 loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies the
-:class:`~constrain.match.closing.RepetitionGuard`:
+:class:`~constrain.match.repetition.RepetitionGuard`:
 
 - A token is forbidden when the text it adds completes a call (the closing brace of its arguments)
   whose name and arguments equal an earlier call's (arguments compared as JSON values: key order,
@@ -22,7 +22,6 @@ loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies th
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,8 +30,10 @@ import numpy as np
 import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
-from constrain.match.closing import _vocab
+from constrain.caches import bounded
+from constrain.match.bitmask import clear_bits, unpack
 from constrain.match.matcher import Matcher
+from constrain.match.vocab import TOKENIZERS_KEPT, token_texts
 
 __all__ = ["LOOKAHEAD", "RepeatedCallFilter"]
 
@@ -62,10 +63,11 @@ class _Pieces:
     closers: np.ndarray  # [n] int64: the ids of the tokens whose text holds a '"' and a "}"
 
 
-@functools.lru_cache(maxsize=8)
+@bounded("tools.repeats.pieces", maxsize=TOKENIZERS_KEPT)
 def _pieces(info: TokenizerInfo) -> _Pieces:
-    raw = _vocab(info).pieces  # the closing path's copy: reading the vocabulary out of xgrammar takes ~0.6 s
-    skip = frozenset(info.xgr_info.special_token_ids) | frozenset(info.eos_token_ids)
+    texts = token_texts(info)  # shared: reading the vocabulary out of the engine takes ~0.6 s
+    raw = texts.pieces
+    skip = texts.special | frozenset(info.eos_token_ids)
     closers = np.array([t for t, piece in enumerate(raw) if b'"' in piece and b"}" in piece], dtype=np.int64)
     return _Pieces(raw, skip, closers)
 
@@ -118,8 +120,7 @@ class RepeatedCallFilter:
         if not done or matcher.forced_text():
             return False
         seen = self._seen(done)
-        words = row.numpy().view(np.uint32)  # shares row's memory
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")  # [32 * ceil(V / 32)]: token t's at t
+        bits = unpack(row)  # [32 * ceil(V / 32)] bool: token t's at t
         allowed = np.count_nonzero(bits)
         pieces = _pieces(self.tokenizer)
         if allowed <= LOOKAHEAD:
@@ -128,7 +129,7 @@ class RepeatedCallFilter:
             name = parser.open_call()
             if name is None or all(name != called for called, _ in seen):
                 return False
-            candidates, lookahead = pieces.closers[bits[pieces.closers] == 1], False
+            candidates, lookahead = pieces.closers[bits[pieces.closers]], False
         banned = [
             token
             for token in candidates.tolist()
@@ -138,8 +139,7 @@ class RepeatedCallFilter:
         ]
         if not banned or len(banned) == allowed:
             return False
-        for token in banned:
-            words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+        clear_bits(row, banned)
         self.steps += 1
         return True
 

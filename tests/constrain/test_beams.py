@@ -21,8 +21,8 @@ import torch
 import constrain
 from constrain.decode.beams import BeamSearch
 from constrain.errors import BeamSearchError
-from constrain.match.matcher import allocate_token_bitmask
-from constrain.testing.differential import LocalServer
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.testing import LocalServer
 from sampler.ops.bitmask import bitmask_penalty
 
 PROMPT = "Pick one:"

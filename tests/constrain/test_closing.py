@@ -10,9 +10,11 @@ import pytest
 
 import constrain
 from constrain.generate import generate
-from constrain.match import closing
-from constrain.match.closing import RepetitionGuard, completion
-from constrain.testing.differential import TERMINATION_WORKLOADS, allowed_ids
+from constrain.match import budget as budget_module
+from constrain.match.budget import Budget, initial_closings
+from constrain.match.closing import completion
+from constrain.match.repetition import RepetitionGuard
+from constrain.testing import TERMINATION_WORKLOADS, allowed_ids
 
 ALPHABET = '{}[]",:0123ab-.tn '
 
@@ -210,9 +212,9 @@ def test_closing_path_is_the_fewest_tokens(small_bpe, engine, name, whitespace):
     assert matcher.num_accepted == 0
     jsonschema.validate(json.loads(small_bpe.decode(found)), FEWEST_CASES[name])
     for max_tokens in (fewest, fewest + 1):
-        assert closing.Budget(compiled.matcher(), encode, max_tokens).estimate == fewest
+        assert Budget(compiled.matcher(), encode, max_tokens).estimate == fewest
     with pytest.raises(constrain.BudgetError):
-        closing.Budget(compiled.matcher(), encode, fewest - 1)
+        Budget(compiled.matcher(), encode, fewest - 1)
 
 
 @pytest.mark.parametrize(
@@ -277,10 +279,10 @@ def test_budget_error_only_when_no_valid_output_fits(byte_tokens, engine, whites
     witness = compiled.matcher()
     assert witness.accept_tokens(encode(shortest)) == len(shortest) and witness.is_completed()
     for max_tokens in (len(shortest), len(shortest) + 1):
-        budget = closing.Budget(compiled.matcher(), encode, max_tokens)
+        budget = Budget(compiled.matcher(), encode, max_tokens)
         assert budget.estimate == len(shortest)
     with pytest.raises(constrain.BudgetError, match=f"max_tokens={len(shortest) - 1}"):
-        closing.Budget(compiled.matcher(), encode, len(shortest) - 1)
+        Budget(compiled.matcher(), encode, len(shortest) - 1)
 
 
 # strings whose masks do not show the way out (every allowed character leads to the same mask until
@@ -296,8 +298,9 @@ BLIND = {
 @pytest.mark.parametrize("name", BLIND)
 def test_patterns_without_a_visible_way_out_are_closed(byte_tokens, engine, name):
     compiled = constrain.compile(closed_schema(BLIND[name], "compact"), byte_tokens, engine=engine)
-    budget = closing.Budget(compiled.matcher(), own_tokens(byte_tokens), 64, initial=True)
-    plan = compiled.initial_closings[64]
+    budget = Budget(compiled.matcher(), own_tokens(byte_tokens), 64, initial=True)
+    known, plan = initial_closings.get(compiled, 64)
+    assert known and not hasattr(compiled, "initial_closings")  # kept beside the constraint, which stays frozen
     assert plan is not None and len(plan) == budget.estimate
     jsonschema.validate(json.loads(byte_tokens.decode(plan)), BLIND[name])
 
@@ -342,13 +345,13 @@ def test_issue_schemas_fit_their_budget(smol_tokenizer, engine, whitespace, sche
     compiled = constrain.compile(constrain.json_schema(schema, whitespace=whitespace, property_order="schema"),
                                  smol_tokenizer, engine=engine)  # fmt: skip
     encode = own_tokens(smol_tokenizer)
-    budget = closing.Budget(compiled.matcher(), encode, max_tokens, initial=True)
-    plan = compiled.initial_closings[max_tokens]
+    budget = Budget(compiled.matcher(), encode, max_tokens, initial=True)
+    plan = initial_closings.get(compiled, max_tokens)[1]
     assert plan is not None and len(plan) == budget.estimate <= most
     probe = compiled.matcher()
     assert probe.accept_tokens(plan) == len(plan) and probe.is_completed()
     jsonschema.validate(json.loads(smol_tokenizer.decode(plan)), schema)
-    closing.Budget(compiled.matcher(), encode, budget.estimate)  # the estimate itself fits
+    Budget(compiled.matcher(), encode, budget.estimate)  # the estimate itself fits
 
 
 UNBOUNDED = {
@@ -404,18 +407,19 @@ def test_a_budget_nothing_fits_in_fails_up_front(tiny):
 
 def test_the_initial_closing_is_searched_once_per_constraint(smol_tokenizer, monkeypatch):
     compiled = constrain.compile(constrain.grammar("sql_select"), smol_tokenizer)
+    initial_closings.clear()  # another test may have kept this constraint's
     calls = []
-    search = closing.completion
-    monkeypatch.setattr(closing, "completion", lambda *a, **k: calls.append(1) or search(*a, **k))
+    search = budget_module.completion
+    monkeypatch.setattr(budget_module, "completion", lambda *a, **k: calls.append(1) or search(*a, **k))
 
     def encode(text):
         return smol_tokenizer.encode(text, add_special_tokens=False)
 
-    first = closing.Budget(compiled.matcher(), encode, 64, initial=True)
+    first = Budget(compiled.matcher(), encode, 64, initial=True)
     searched = len(calls)
-    second = closing.Budget(compiled.matcher(), encode, 64, initial=True)
+    second = Budget(compiled.matcher(), encode, 64, initial=True)
     assert searched >= 1 and len(calls) == searched and first.estimate == second.estimate
-    closing.Budget(compiled.matcher(), encode, 64)  # not known to be initial: searched again
+    Budget(compiled.matcher(), encode, 64)  # not known to be initial: searched again
     assert len(calls) > searched
 
 

@@ -9,7 +9,7 @@ import torch
 
 import constrain
 from constrain.compile.cache import ByteLRU
-from constrain.testing.differential import accepts, allowed_ids, token_ids, walk
+from constrain.testing import accepts, allowed_ids, token_ids, walk
 
 
 def spec(schema, **options):

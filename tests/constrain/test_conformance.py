@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from constrain.testing.differential import run_conformance
+from constrain.testing import run_conformance
 
 SUITE = (
     Path(__file__).resolve().parents[3] / "shared" / "conformance" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"

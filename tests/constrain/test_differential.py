@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import constrain
-from constrain.testing.differential import (
+from constrain.testing import (
     DIFFERENTIAL_MODES,
     DifferentialCounts,
     accepts,
@@ -45,7 +45,7 @@ SAMPLE_OPTIONS: dict[str, Any] = {
 
 KNOWN_GENERATION: dict[str, str] = {
     "string: escape in a length-bounded string": "xgrammar spells a character of a string with minLength or "
-    "maxLength without escapes (constrain.compile.compiler._JSON_CHARACTER: 300x faster masks); llguidance takes them",
+    "maxLength without escapes (constrain.backends.xgrammar._JSON_CHARACTER: 300x faster masks); llguidance takes them",
     "xgrammar accepts a violation of format": "xgrammar's format regexes are looser than the format checker "
     "(a date takes days 29 to 31 in every month; llguidance checks the calendar); validate() flags the text",
     "llguidance grammar superset: minProperties": "llguidance refuses minProperties beside optional keys: dropped "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import constrain
-from constrain.testing.differential import accepts, allowed_ids, token_ids, walk
+from constrain.testing import accepts, allowed_ids, token_ids, walk
 
 
 def spec(schema, **options):

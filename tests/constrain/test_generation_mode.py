@@ -12,7 +12,7 @@ import pytest
 import constrain
 from constrain.generate import generate
 from constrain.serving.protocol import ChatCompletionRequest, chat_requests
-from constrain.testing.differential import allowed_ids, token_ids, walk
+from constrain.testing import allowed_ids, token_ids, walk
 
 ENGINES = ("xgrammar", "llguidance")
 

@@ -108,7 +108,7 @@ def test_loop_timings_cover_every_stage(sharp, jump_forward):
 
 
 def test_prefill_groups_bound_the_padding(sharp):
-    from constrain.decode.loop import _prefill_groups
+    from constrain.decode.kv import prefill_groups as _prefill_groups
 
     requests = sorted((admit(sharp, constrain.Request("x " * n))[0] for n in (1, 3, 30, 34, 200)),
                       key=lambda r: len(r.prompt_ids))  # fmt: skip
@@ -154,7 +154,7 @@ def test_prefix_match_is_the_longest_common_prefix():
     """The bisection in PrefixCache.match against a token-by-token reference, on random prompts."""
     import random
 
-    from constrain.decode.loop import MIN_PREFIX, PrefixCache
+    from constrain.decode.kv import MIN_PREFIX, PrefixCache
 
     def reference(keys, prompt):
         best = 0

@@ -14,7 +14,7 @@ import constrain
 from constrain.backends.tokenizer import tokenizer_info
 from constrain.decode.reasoning import Thinking, _thinking_masks, template_tags
 from constrain.errors import ReasoningError
-from constrain.testing.differential import WEATHER_TOOL, LocalServer, allowed_ids
+from constrain.testing import WEATHER_TOOL, LocalServer, allowed_ids
 
 SCHEMA = {
     "type": "object",

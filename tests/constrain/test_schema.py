@@ -7,7 +7,7 @@ import json
 import pytest
 
 import constrain
-from constrain.testing.differential import accepts
+from constrain.testing import accepts
 
 
 def spec(schema, **options):

@@ -12,9 +12,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 import constrain
-from constrain.match.matcher import allocate_token_bitmask
-from constrain.testing.differential import accepts, allowed_ids, token_ids, walk
-from constrain.tools.calling import TOOL_FORMATS
+from constrain.match.bitmask import allocate_token_bitmask
+from constrain.testing import accepts, allowed_ids, token_ids, walk
+from constrain.tools.formats import TOOL_FORMATS
 
 
 def get_weather(

@@ -10,8 +10,8 @@ import pytest
 
 import constrain
 from constrain.compile import compiler
-from constrain.compile.compiler import AT_BOUNDARIES
-from constrain.testing.differential import accepts
+from constrain.compile.json_schema import AT_BOUNDARIES
+from constrain.testing import accepts
 
 
 def spec(schema):
@@ -168,7 +168,7 @@ def test_a_declared_key_written_as_an_extra_key_keeps_its_schema(smol_tokenizer)
 def test_the_lookahead_refuses_what_leads_only_to_invalid_values(smol_tokenizer):
     """The engines' date regexes know no month lengths: after "2023-02-3 they allow 0 and 1, and each
     forces the closing quote of an invalid date. Looking two steps ahead, the mask refuses the 3."""
-    from constrain.testing.differential import token_ids, walk
+    from constrain.testing import token_ids, walk
 
     compiled = constrain.compile(spec({"type": "string", "format": "date"}), smol_tokenizer)
     assert accepts(compiled, smol_tokenizer, '"2024-02-29"') and accepts(compiled, smol_tokenizer, '"2023-03-31"')
@@ -178,7 +178,7 @@ def test_the_lookahead_refuses_what_leads_only_to_invalid_values(smol_tokenizer)
 
 
 def test_matcher_state_follows_rollback_and_fork(smol_tokenizer):
-    from constrain.testing.differential import token_ids
+    from constrain.testing import token_ids
 
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     compiled = constrain.compile(spec(schema), smol_tokenizer)
@@ -216,7 +216,7 @@ def test_generation_never_completes_a_forbidden_value(tiny, monkeypatch):
     assert all(r.valid for r in checked), [(r.text, r.violations) for r in checked]
     assert all(len(set(r.value)) == len(r.value) >= 3 for r in checked)
     # the test can fail: the grammar alone repeats (another cache key, compiled without the checks)
-    monkeypatch.setattr(compiler, "_value_checks", lambda constraint, coverage: (None, coverage))
+    monkeypatch.setattr(compiler, "value_checks", lambda constraint, coverage: (None, coverage))
     unchecked = run(constrain.json_schema(ENUM_SET, mode="specification", whitespace="compact"))
     assert sum(not r.valid for r in unchecked) >= 3, [r.text for r in unchecked]
 
@@ -241,7 +241,7 @@ def test_sampled_outputs_keep_the_keyword(tiny, keyword, monkeypatch):
         ]
 
     assert all(r.valid for r in run(spec(GENERATED[keyword]))), keyword
-    monkeypatch.setattr(compiler, "_value_checks", lambda constraint, coverage: (None, coverage))
+    monkeypatch.setattr(compiler, "value_checks", lambda constraint, coverage: (None, coverage))
     unchecked = run(constrain.json_schema(GENERATED[keyword], mode="specification", whitespace="compact"))
     assert any(not r.valid for r in unchecked), [r.text for r in unchecked]
 
@@ -335,11 +335,11 @@ def test_sampled_tool_calls_keep_their_arguments_valid(tiny, monkeypatch):
 
     checked = run()
     assert all(r.tool_calls and r.valid for r in checked), [(r.generation.text, r.violations) for r in checked]
-    monkeypatch.setattr(compiler, "_embedded_checks", lambda embedded: None)
-    compiler._cache.clear()
+    monkeypatch.setattr(compiler, "embedded_checks", lambda embedded: None)
+    compiler.clear_cache()
     try:
         unchecked = run()
     finally:
         monkeypatch.undo()
-        compiler._cache.clear()  # no grammar compiled without its checks stays for the next test
+        compiler.clear_cache()  # no grammar compiled without its checks stays for the next test
     assert any(not r.valid for r in unchecked), [r.generation.text for r in unchecked]

@@ -1,0 +1,227 @@
+"""The xgrammar engine: masks precomputed per grammar position at compile time, the fastest to serve.
+
+Syntax checks of the grammar language (``check_ebnf``, ``check_regex``), the EBNF
+of a JSON schema with xgrammar's spelling fixed where it is not JSON
+(``json_schema_ebnf``), and :class:`XGrammarBackend`, one per tokenizer, which
+compiles EBNF and regexes into :class:`XGrammarGrammar` and fills many requests'
+masks at once. Nothing here knows constrain's constraint types.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+import xgrammar as xgr
+from xgrammar import structural_tag as st
+
+from constrain.backends.base import GrammarState
+from constrain.caches import bounded
+
+__all__ = [
+    "OPEN_KEY_RULES_MAX",
+    "XGrammarBackend",
+    "XGrammarGrammar",
+    "check_ebnf",
+    "check_regex",
+    "choice_ebnf",
+    "engine_message",
+    "excluded_key_rules",
+    "json_schema_ebnf",
+    "open_extra_keys",
+    "structural_tag_ebnf",
+]
+
+
+def engine_message(err: Exception) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    return re.sub(r"^\[[^\]]*\] [^ ]+: ", "", str(err)).strip()
+
+
+def check_regex(pattern: str) -> None:
+    """Raise ``RuntimeError`` (:func:`engine_message` reads it) if xgrammar cannot serve ``pattern``."""
+    xgr.Grammar.from_regex(pattern)
+
+
+def check_ebnf(ebnf: str) -> None:
+    """Raise ``RuntimeError`` (:func:`engine_message` reads it) if ``ebnf`` is not a valid grammar."""
+    xgr.Grammar.from_ebnf(ebnf)
+
+
+def structural_tag_ebnf(tag_format: Any) -> str:
+    """The EBNF of a structural tag's ``format`` (``xgrammar.structural_tag`` format objects)."""
+    return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=tag_format)))
+
+
+def _ebnf_string(text: str) -> str:
+    """``text`` as an EBNF string literal."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def choice_ebnf(options: tuple[str, ...]) -> str:
+    """The EBNF grammar of exactly one of ``options``."""
+    alternatives = " | ".join(_ebnf_string(o) if o else '""' for o in options)
+    return f"root ::= {alternatives}\n"
+
+
+_CHARACTERS_RULE = re.compile(r'^(\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+_JSON_CHARACTER = r"(([^\"\\\0-\x1f]))"
+"""xgrammar spells one character of a string with a length bound as ``[^"\\\r\n]``, which lets raw
+control characters through (invalid JSON): this is JSON's unescaped character. (Escapes stay out: an
+alternation here makes xgrammar's masks 300x slower, 14 ms instead of 49 µs, measured.)"""
+
+_ANY_SEPARATOR = re.compile(r'^((?:basic_array_items|basic_object_properties) ::= \(\()", "', re.MULTILINE)
+"""xgrammar 0.2.8 writes the separator of untyped values (``{}``, an open object's extra values) as
+``", "`` whatever ``separators`` says, so compact output of ``{"type": "object"}`` rejected
+``{"a":[1,2]}`` where llguidance accepted it: compact means ``","`` there too."""
+
+
+@bounded("xgrammar.json_schema_ebnf", maxsize=64)
+def json_schema_ebnf(
+    schema_json: str, *, separators: tuple[str, str] | None, max_whitespace: int, any_order: bool
+) -> str:
+    """xgrammar's EBNF for a JSON schema (already prepared), its strings limited to JSON's characters.
+
+    ``separators``: fixed item and key separators (compact output), or None for free whitespace of at
+    most ``max_whitespace`` characters per run. Pure, memoized.
+    """
+    ebnf = str(
+        xgr.Grammar.from_json_schema(
+            schema_json,
+            any_whitespace=separators is None,
+            separators=separators,
+            strict_mode=False,  # closing is written into the prepared schema, the same for both engines
+            max_whitespace_cnt=None if separators else max_whitespace,
+            any_order=any_order,
+        )
+    )
+    ebnf = _CHARACTERS_RULE.sub(lambda found: f"{found.group(1)} ::= {_JSON_CHARACTER}", ebnf)
+    if separators is not None:
+        ebnf = _ANY_SEPARATOR.sub(rf'\1"{separators[0]}"', ebnf)
+    return ebnf
+
+
+OPEN_KEY_RULES_MAX = 16
+"""An open object (extra keys allowed) makes xgrammar spell out "any key but the declared
+ones" as a trie of rules, one per prefix of a declared name; past this many such rules
+in a schema, extra keys become any string instead. Measured on a 20-property object
+with the SmolLM2 tokenizer: 251 ms to compile exactly, 9 ms with any-string keys."""
+
+_EXCLUDED_KEY_RULE = re.compile(r"^(\S+_addl_key) ::= ")
+_EXCLUDED_KEY_PART = re.compile(r"^\S+_addl_key_\d+ ::= ")
+
+
+def excluded_key_rules(ebnf: str) -> int:
+    """How many rules the "any key but the declared ones" tries of open objects take in ``ebnf``."""
+    return sum(bool(_EXCLUDED_KEY_PART.match(line)) for line in ebnf.split("\n"))
+
+
+def open_extra_keys(ebnf: str) -> str | None:
+    """``ebnf`` with its extra-key exclusion tries replaced by ``basic_string`` (any key), or None to keep
+    it exact (at most :data:`OPEN_KEY_RULES_MAX` such rules)."""
+    lines = ebnf.split("\n")
+    if excluded_key_rules(ebnf) <= OPEN_KEY_RULES_MAX:
+        return None
+    if not any(line.startswith("basic_string ::= ") for line in lines):
+        return None
+    kept = []
+    for line in lines:
+        if _EXCLUDED_KEY_PART.match(line):
+            continue
+        found = _EXCLUDED_KEY_RULE.match(line)
+        kept.append(f"{found.group(1)} ::= basic_string" if found else line)
+    return "\n".join(kept)
+
+
+class XGrammarGrammar:
+    """An xgrammar grammar compiled for one tokenizer (a :class:`~constrain.backends.base.CompiledGrammar`)."""
+
+    engine = "xgrammar"
+
+    def __init__(self, grammar: xgr.CompiledGrammar, backend: XGrammarBackend) -> None:
+        self.grammar = grammar
+        self.backend = backend
+
+    @property
+    def memory_size_bytes(self) -> int:
+        return int(self.grammar.memory_size_bytes)
+
+    def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
+        return xgr.GrammarMatcher(
+            self.grammar,
+            override_stop_tokens=list(self.backend.eos_token_ids) or None,
+            max_rollback_tokens=max_rollback_tokens,
+        )
+
+    def fill_next_token_bitmasks(
+        self,
+        states: Sequence[GrammarState],
+        # [B, ceil(V / 32)] int32, on the CPU
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+    ) -> None:
+        self.backend.fill_next_token_bitmasks(states, bitmask, rows)
+
+
+class XGrammarBackend:
+    """xgrammar for one tokenizer: compiles grammars, and fills many states' masks in one call.
+
+    Owns xgrammar's compiler (its own cache off: constrain's compile cache sits in front, and
+    would otherwise hold every grammar twice) and a batch filler (xgrammar's thread pool), both
+    made on first use. Thread-safe.
+    """
+
+    def __init__(self, info: xgr.TokenizerInfo, eos_token_ids: tuple[int, ...]) -> None:
+        self.info = info
+        self.eos_token_ids = eos_token_ids
+        self._lock = threading.Lock()
+
+    @functools.cached_property
+    def _compiler(self) -> xgr.GrammarCompiler:
+        return xgr.GrammarCompiler(self.info, cache_enabled=False)
+
+    @functools.cached_property
+    def _batch(self) -> xgr.BatchGrammarMatcher:
+        return xgr.BatchGrammarMatcher()
+
+    def compile_ebnf(self, ebnf: str) -> XGrammarGrammar:
+        """Compile EBNF text (``RuntimeError`` from the engine on failure)."""
+        with self._lock:
+            compiler = self._compiler
+        return XGrammarGrammar(compiler.compile_grammar(ebnf), self)
+
+    def compile_regex(self, pattern: str) -> XGrammarGrammar:
+        """Compile a regex the whole output must match (``RuntimeError`` from the engine on failure)."""
+        with self._lock:
+            compiler = self._compiler
+        return XGrammarGrammar(compiler.compile_regex(pattern), self)
+
+    def fill_next_token_bitmasks(
+        self,
+        states: Sequence[GrammarState],
+        # [B, ceil(V / 32)] int32, on the CPU
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+    ) -> None:
+        """Fill ``bitmask[rows[i]]`` for ``states[i]`` across xgrammar's threads. Does not change the states."""
+        with self._lock:
+            batch = self._batch
+        batch.batch_fill_next_token_bitmask([cast(xgr.GrammarMatcher, s) for s in states], bitmask, list(rows))

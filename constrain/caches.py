@@ -1,0 +1,56 @@
+"""Every cache of ``constrain``, bounded and reported: a registry that :func:`constrain.cache_stats` reads.
+
+A memoized function is declared with :func:`bounded` (``functools.lru_cache`` with a
+bound, registered under a name); a cache of another kind registers a function
+that returns its figures (:func:`register`). Names are ``"module.what"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["bounded", "register", "stats"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_registry: dict[str, Callable[[], dict[str, int]]] = {}
+_lock = threading.Lock()
+
+
+def register(name: str, figures: Callable[[], dict[str, int]]) -> None:
+    """Report the cache ``name`` by calling ``figures()`` (at least ``entries`` and ``maxsize``).
+
+    Raises ``ValueError`` if ``name`` is taken.
+    """
+    with _lock:
+        if name in _registry:
+            raise ValueError(f"a cache named {name!r} is registered already: name caches 'module.what'")
+        _registry[name] = figures
+
+
+def bounded(name: str, maxsize: int) -> Callable[[F], F]:
+    """``functools.lru_cache(maxsize)``, reported under ``name`` (entries, hits, misses, maxsize)."""
+    if maxsize < 1:
+        raise ValueError(f"a cache's maxsize must be positive, got {maxsize}")
+
+    def wrap(function: F) -> F:
+        cached = functools.lru_cache(maxsize=maxsize)(function)
+
+        def figures() -> dict[str, int]:
+            info = cached.cache_info()
+            return {"entries": info.currsize, "hits": info.hits, "misses": info.misses, "maxsize": maxsize}
+
+        register(name, figures)
+        return cached  # type: ignore[return-value]
+
+    return wrap
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Every registered cache's figures, by name."""
+    with _lock:
+        found = dict(_registry)
+    return {name: figures() for name, figures in sorted(found.items())}

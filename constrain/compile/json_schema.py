@@ -1,0 +1,147 @@
+"""What each engine is given for a JSON schema: the prepared schema, xgrammar's EBNF, llguidance's schema,
+and the value checks for the keywords beyond the grammar, with the coverage that says so.
+
+All pure and memoized per constraint (bounded, see :mod:`constrain.caches`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from constrain.backends import xgrammar
+from constrain.backends.llguidance import UNKNOWN_FORMATS
+from constrain.caches import bounded
+from constrain.constraints.constraint import MAX_WHITESPACE, SEPARATORS, EmbeddedJson, JsonSchema
+from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry, prepare
+from constrain.match.checks import CallChecks, ValueChecks
+from constrain.match.keys import may_repeat_keys
+from constrain.match.validate import schema_validator
+
+__all__ = [
+    "AT_BOUNDARIES",
+    "embedded_checks",
+    "json_schema_ebnf",
+    "llguidance_schema",
+    "prepared",
+    "unique_keys",
+    "value_checks",
+]
+
+AT_BOUNDARIES = "enforced by the mask at value boundaries (a dead end, where no valid value is left, is reported)"
+"""The coverage note of a keyword beyond the grammar that :mod:`constrain.match.values` enforces."""
+
+_OPEN_KEYS_NOTE = (
+    "extra keys of open objects are any string (a declared key may take that path with another value); "
+    "values are validated afterwards"
+)
+_ANY_ORDER_REQUIRED_NOTE = (
+    "xgrammar with properties in any order can skip a required key beside optional or extra keys; validated afterwards"
+)
+_SCHEMA_WIDE = {"properties": _OPEN_KEYS_NOTE, "required": _ANY_ORDER_REQUIRED_NOTE}
+"""Schema-wide looseness: the keyword checked wherever it appears, when coverage has the note."""
+
+
+@bounded("compile.prepared_schema", maxsize=256)
+def prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate)."""
+    return prepare(constraint.schema_value, lenient=constraint.lenient, closed=constraint.closed)
+
+
+@bounded("compile.json_schema_ebnf", maxsize=64)
+def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...]]:
+    """xgrammar's EBNF for a JSON schema constraint, and the coverage; pure, memoized."""
+    engine_schema, coverage = prepared(constraint)
+    ebnf = xgrammar.json_schema_ebnf(
+        json.dumps(engine_schema, ensure_ascii=False),
+        separators=SEPARATORS.get(constraint.whitespace),
+        max_whitespace=MAX_WHITESPACE[constraint.whitespace],
+        any_order=constraint.property_order == "any",
+    )
+    if constraint.property_order == "any" and '"required"' in json.dumps(engine_schema):
+        coverage += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
+    opened = None if constraint.closed else xgrammar.open_extra_keys(ebnf)  # closed: extra keys declared, kept exact
+    if opened is not None:
+        ebnf = opened
+        coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
+    return ebnf, coverage
+
+
+def llguidance_schema(schema: Any) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """The prepared ``schema`` less what llguidance refuses, and coverage entries saying so.
+
+    Dropped (the grammar then accepts a superset; ``validate`` checks the finished output):
+    formats in :data:`~constrain.backends.llguidance.UNKNOWN_FORMATS`, and
+    ``minProperties``/``maxProperties`` of objects with optional keys. Returns ``schema`` itself
+    when nothing is dropped; never mutates it.
+    """
+    dropped: dict[str, set[str]] = {}
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = dict(node)
+        if out.get("format") in UNKNOWN_FORMATS:
+            dropped.setdefault("format", set()).add(out.pop("format"))
+        if not set(out.get("properties", ())) <= set(out.get("required", ())):
+            for key in ("minProperties", "maxProperties"):
+                if out.pop(key, None) is not None:
+                    dropped.setdefault(key, set()).add("beside optional keys")
+        for key in SCHEMA_MAPS:
+            if isinstance(out.get(key), dict):
+                out[key] = {name: walk(sub) for name, sub in out[key].items()}
+        for key in SCHEMA_LISTS:
+            if isinstance(out.get(key), list):
+                out[key] = [walk(sub) for sub in out[key]]
+        for key in SINGLE_SCHEMAS:
+            if key in out:
+                out[key] = walk(out[key])
+        return out
+
+    adapted = walk(schema)
+    if not dropped:
+        return schema, ()
+    note = "llguidance serves this schema and refuses {} ({}): validated afterwards"
+    entries = tuple(
+        CoverageEntry("", key, "checked", note.format(key, ", ".join(sorted(what))))
+        for key, what in sorted(dropped.items())
+    )
+    return adapted, entries
+
+
+def unique_keys(constraint: JsonSchema, engine_schema: Any) -> bool:
+    """Whether the grammar of ``engine_schema`` may admit a key twice (matchers then mask that out)."""
+    return may_repeat_keys(engine_schema, any_order=constraint.property_order == "any")
+
+
+def value_checks(
+    constraint: JsonSchema, coverage: tuple[CoverageEntry, ...]
+) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
+    """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
+    the coverage with what they enforce marked so."""
+    validator = schema_validator(constraint.schema)
+    notes = {e.note for e in coverage if e.pointer == ""}
+    everywhere = [key for key, note in _SCHEMA_WIDE.items() if note in notes]
+    checks = ValueChecks(validator.schema, validator, coverage, everywhere)
+    if not checks.needs(checks.root_location):
+        return None, coverage
+    enforced = tuple(
+        replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
+        if e.status == "checked"
+        else e
+        for e in coverage
+    )
+    return checks, enforced
+
+
+def embedded_checks(embedded: EmbeddedJson | None) -> CallChecks | None:
+    """The checks of a grammar's embedded JSON values (tool arguments), or None where every one of their
+    grammars is exact (the others are followed only to see where they end)."""
+    if embedded is None:
+        return None
+    found = {name: value_checks(schema, json_schema_ebnf(schema)[1])[0] for name, schema in embedded.schemas}
+    if all(checks is None for checks in found.values()):
+        return None
+    plain = ValueChecks({}, schema_validator("{}"), ())
+    return CallChecks(embedded, {name: checks or plain for name, checks in found.items()})

@@ -1,0 +1,81 @@
+"""Which engine serves a constraint under ``engine="auto"``: a pure function of the constraint and the limits."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from constrain.backends.xgrammar import excluded_key_rules
+from constrain.caches import bounded
+from constrain.compile.json_schema import json_schema_ebnf, prepared
+from constrain.constraints.constraint import Constraint, JsonSchema, Regex
+
+__all__ = ["AUTO_LIMITS", "ENGINES", "AutoLimits", "auto_engine"]
+
+ENGINES = ("auto", "xgrammar", "llguidance")
+"""What ``compile(engine=...)`` takes."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoLimits:
+    """When ``engine="auto"`` serves a JSON schema or regex with llguidance instead of xgrammar.
+
+    xgrammar precomputes a token-mask cache per grammar position, so its masks are the fastest,
+    but some grammars take it 50 ms to seconds to compile; llguidance computes masks lazily and
+    compiles in about a millisecond. Any limit reached sends the constraint to llguidance. Fitted
+    on 1,996 MaskBench schemas with SmolLM2's tokenizer (xgrammar 0.2.8, 2 CPU cores): 405 go to
+    llguidance, and 13 of the rest took xgrammar over 45 ms to compile (73 with the previous rule:
+    450 rules or repetitions adding up to 120). Pass other limits as ``compile(..., auto_limits=)``.
+    """
+
+    schema_chars: int = 10_000
+    """Characters of the prepared schema (annotations dropped): past it, xgrammar's grammar is not even built."""
+    rules: int = 450
+    """Rules of xgrammar's grammar."""
+    repeat: int = 40
+    """Upper bounds of bounded repetitions added up (``maxLength``, ``maxItems``; each counted up to 300),
+    those inside a ``pattern`` twice (``^[A-Za-z]{1,32}$`` alone: 107 ms). ``maxLength: 1024`` alone: 0.8 s."""
+    repeat_min: int = 40
+    """Lower bounds of repetitions added up (``minLength``, ``minItems``, required-key counts)."""
+    excluded_keys: int = 12
+    """Rules of the "any key but the declared ones" tries of open objects (12 to 16 cost about 60 ms; 3 keys
+    make 9 rules, which cost about 40 ms)."""
+
+
+AUTO_LIMITS = AutoLimits()
+"""The default limits."""
+
+_REPEAT = re.compile(r"\{(\d+),\s*(-?\d+)\}")
+_PATTERN_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+def _repeat_sum(bounds: list[int]) -> int:
+    return sum(min(b, 300) for b in bounds if b >= 0)
+
+
+@bounded("compile.auto_engine", maxsize=1024)
+def auto_engine(constraint: Constraint, limits: AutoLimits = AUTO_LIMITS) -> str:
+    """The engine ``"auto"`` picks for ``constraint``: ``"llguidance"`` where a limit is reached, else
+    ``"xgrammar"``. Pure, memoized."""
+    if isinstance(constraint, Regex):
+        bounds = [int(hi or lo) for lo, hi in _PATTERN_REPEAT.findall(constraint.pattern)]
+        return "llguidance" if 2 * _repeat_sum(bounds) >= limits.repeat else "xgrammar"
+    if not isinstance(constraint, JsonSchema):
+        return "xgrammar"
+    try:
+        if len(json.dumps(prepared(constraint)[0])) > limits.schema_chars:
+            return "llguidance"
+        ebnf = json_schema_ebnf(constraint)[0]  # what xgrammar would compile
+    except Exception:  # the build reports it
+        return "xgrammar"
+    repeats = _REPEAT.findall(ebnf)
+    lines = ebnf.split("\n")
+    in_patterns = [int(hi or lo) for line in lines if "Regex(" in line for lo, hi in _PATTERN_REPEAT.findall(line)]
+    heavy = (
+        len(lines) > limits.rules
+        or _repeat_sum([int(hi) for _, hi in repeats]) + 2 * _repeat_sum(in_patterns) >= limits.repeat
+        or _repeat_sum([int(lo) for lo, _ in repeats]) >= limits.repeat_min
+        or excluded_key_rules(ebnf) >= limits.excluded_keys
+    )
+    return "llguidance" if heavy else "xgrammar"

@@ -1,0 +1,268 @@
+"""Rewrites of prepared JSON Schema nodes for the grammar engine: pure functions on schema dicts.
+
+Each one spells out, in keywords the engine reads exactly, what a node means: ``allOf`` branches merged
+(:func:`merge_into`), ``anyOf`` distributed over the keywords beside it, composite literals as schemas,
+a type's keywords bound to values of that type, ``pattern`` anchored as a search, integer bounds
+rounded inward. Where a rewrite can only give a superset it says so (a ``False`` result or a note), and
+:mod:`constrain.constraints.schema` records the keyword as ``checked``. Arguments named ``out`` or
+``merged`` are changed in place; nothing else is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from constrain.errors import UnsupportedSchemaError
+
+__all__ = [
+    "ANNOTATIONS",
+    "combine",
+    "declare_required",
+    "distribute_any_of",
+    "literal_schema",
+    "merge_into",
+    "round_integer_bounds",
+    "says_what_else",
+    "search_pattern",
+    "split_by_type",
+]
+
+ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "$comment", "$schema", "$id", "$vocabulary",
+        "readOnly", "writeOnly", "deprecated", "contentMediaType", "contentEncoding", "contentSchema",
+        "$anchor", "$dynamicAnchor", "discriminator", "nullable",
+    }
+)  # fmt: skip
+"""Keywords that never change whether an instance is valid (``$anchor`` is resolved, not enforced):
+:func:`merge_into` skips them, and preparation reports them ``ignored``."""
+
+_SAYS_WHAT_ELSE = (
+    "additionalProperties", "patternProperties", "unevaluatedProperties", "dependentSchemas", "dependencies",
+    "if", "items", "unevaluatedItems",
+)  # fmt: skip
+"""Keywords by which a schema says what else an object or array may hold: closed mode leaves such a
+node as the schema has it."""
+
+
+def says_what_else(node: dict[str, Any]) -> bool:
+    """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
+    branches: Any = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+    return any(isinstance(n, dict) and any(k in n for k in _SAYS_WHAT_ELSE) for n in [node, *branches])
+
+
+def search_pattern(pattern: str) -> str | None:
+    """JSON Schema ``pattern`` is a search: pad unanchored ends and anchor, so both engines read it alike.
+
+    None when the engine would misread it: an anchor inside the pattern (xgrammar ignores those)
+    or a top-level ``|`` (an outer anchor binds one alternative only).
+    """
+    body = pattern
+    start = body.startswith("^")
+    end = body.endswith("$") and not body.endswith("\\$")
+    if start:
+        body = body[1:]
+    if end:
+        body = body[:-1]
+    depth, in_class, escaped = 0, False, False
+    for ch in body:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch in "^$" or (ch == "|" and depth == 0 and (start or end)):
+            return None
+    # anchored explicitly: xgrammar reads a pattern as a full match, llguidance as a search
+    return "^" + ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*") + "$"
+
+
+_FAMILIES = {
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
+    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+}
+_ALL_TYPES = ("null", "boolean", "object", "array", "string", "number")
+
+
+def split_by_type(out: dict[str, Any]) -> dict[str, Any]:
+    """Without ``type``, a type's keywords bind only values of that type: spell that out for the engine.
+
+    ``{"properties": ...}`` also accepts ``12``; xgrammar would assume an object.
+    """
+    if "type" in out or any(k in out for k in ("$ref", "anyOf", "enum", "const")):
+        return out
+    present = [family for family, keys in _FAMILIES.items() if any(k in out for k in keys)]
+    if not present:
+        return out
+    rest = {k: v for k, v in out.items() if not any(k in keys for keys in _FAMILIES.values())}
+    branches = [{"type": f, **{k: out[k] for k in _FAMILIES[f] if k in out}} for f in present]
+    others = [t for t in _ALL_TYPES if t not in present]
+    branches.append({"type": others})
+    return {**rest, "anyOf": branches}
+
+
+def literal_schema(value: Any) -> dict[str, Any]:
+    """A schema that accepts exactly the JSON value ``value`` (objects in any key order)."""
+    if isinstance(value, dict):
+        return {
+            "type": "object",
+            "properties": {k: literal_schema(v) for k, v in value.items()},
+            "required": list(value),
+            "additionalProperties": False,
+        }
+    if isinstance(value, list):
+        return {
+            "type": "array",
+            "prefixItems": [literal_schema(v) for v in value],
+            "items": False,
+            "minItems": len(value),
+        }
+    return {"const": value}
+
+
+def combine(target: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``target`` with ``rest`` merged in (:func:`merge_into`); neither argument changes."""
+    merged = dict(target)
+    merge_into(merged, rest)
+    return merged
+
+
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+_TAKE_MAX = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_TAKE_MIN = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+
+
+def merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
+    """Intersect ``branch`` into ``merged``; return False where the result had to be a superset."""
+    exact = True
+    for key, value in branch.items():
+        if key in ANNOTATIONS:
+            continue
+        if key not in merged:
+            merged[key] = value
+        elif merged[key] == value:
+            continue
+        elif key in _TAKE_MAX:
+            merged[key] = max(merged[key], value)
+        elif key in _TAKE_MIN:
+            merged[key] = min(merged[key], value)
+        elif key == "required":
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "properties" and isinstance(value, dict):
+            props = dict(merged[key])
+            for name, sub in value.items():
+                if name in props and props[name] != sub:
+                    if (
+                        isinstance(props[name], dict)
+                        and isinstance(sub, dict)
+                        and "$ref" not in props[name]
+                        and "$ref" not in sub
+                    ):
+                        combined = dict(props[name])
+                        exact &= merge_into(combined, sub)
+                        props[name] = combined
+                    else:
+                        exact = False  # keep the first: a superset of the intersection
+                else:
+                    props[name] = sub
+            merged[key] = props
+        elif key == "type":
+            a = {merged[key]} if isinstance(merged[key], str) else set(merged[key])
+            b = {value} if isinstance(value, str) else set(value)
+            if "number" in a and "integer" in b:
+                a.add("integer")
+            if "number" in b and "integer" in a:
+                b.add("integer")
+            common = sorted(a & b)
+            if not common:
+                raise UnsupportedSchemaError("allOf", "", f"types {sorted(a)} and {sorted(b)} never meet")
+            merged[key] = common[0] if len(common) == 1 else common
+        elif key == "enum":
+            common_values = [v for v in merged[key] if v in value]
+            if not common_values:
+                raise UnsupportedSchemaError("allOf", "", "enums share no value")
+            merged[key] = common_values
+        elif key == "additionalProperties":
+            exact = False  # its meaning depends on the branch's own properties: drop it (superset)
+            merged.pop(key)
+        else:
+            exact = False  # two different values of a keyword we do not intersect: keep the first
+    return exact
+
+
+def distribute_any_of(out: dict[str, Any], pointer: str, notes: list[str]) -> dict[str, Any]:
+    """``{S, anyOf: [A, B]}`` means ``anyOf: [S and A, S and B]``: spell it out for the engine.
+
+    Returns the rewritten node (``out`` itself when there is nothing to distribute); appends to ``notes``
+    why the result is only a superset, if it is. Raises ``UnsupportedSchemaError`` when no branch is
+    compatible with the keywords beside it.
+    """
+    branches = out.get("anyOf")
+    siblings = {k: v for k, v in out.items() if k not in ("anyOf", "$defs", "definitions")}
+    if not branches or not siblings:
+        return out
+    if "$ref" in siblings or any("$ref" in b for b in branches):
+        notes.append("beside other keywords and references: validated afterwards")
+        return out
+    merged, exact = [], True
+    for branch in branches:
+        both = dict(siblings)
+        try:
+            exact &= merge_into(both, branch)
+            if "anyOf" in both and "anyOf" not in siblings:  # the branch is a union itself: distribute again
+                nested = distribute_any_of(both, pointer, notes)
+                if set(nested) <= {"anyOf", "$defs", "definitions"}:
+                    merged += nested["anyOf"]
+                    continue
+                both = nested
+        except UnsupportedSchemaError:
+            continue  # this branch contradicts its siblings: no value takes it
+        merged.append(both)
+    if not merged:
+        raise UnsupportedSchemaError("anyOf", pointer, "no branch is compatible with the keywords beside it")
+    if not exact:
+        notes.append("merged with the keywords beside it into a superset")
+    return {**{k: v for k, v in out.items() if k in ("$defs", "definitions")}, "anyOf": merged}
+
+
+def declare_required(node: dict[str, Any], out: dict[str, Any]) -> None:
+    """A required key that ``properties`` does not describe becomes a property with the value schema of
+    other keys (xgrammar enforces only described required keys; closing must not make them impossible).
+    Only beside ``properties``: a branch that lists required keys alone is described by its siblings.
+    ``node`` is the schema as written, ``out`` its prepared form (changed in place)."""
+    extra = out.get("additionalProperties", {})
+    typed = "properties" in out or out.get("type") == "object"
+    if not typed or extra is False or not isinstance(out.get("required"), list):
+        return
+    described: Any = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    for name in out["required"]:
+        if isinstance(name, str) and name not in described:
+            out.setdefault("properties", {}).setdefault(name, extra)
+
+
+def round_integer_bounds(out: dict[str, Any]) -> None:
+    """The engine wants whole numbers: counts written ``2.0`` become ``2``; integer bounds round inward
+    (``minimum: 1.5`` of an integer becomes ``minimum: 2``). Changes ``out`` in place."""
+    for key in _COUNTS:
+        if isinstance(out.get(key), float) and out[key].is_integer():
+            out[key] = int(out[key])
+    if out.get("type") != "integer":
+        return
+    for key, up in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False), ("exclusiveMaximum", False)):
+        value = out.get(key)
+        if isinstance(value, float) and not value.is_integer():
+            out.pop(key)
+            rounded = math.ceil(value) if up else math.floor(value)
+            out["minimum" if up else "maximum"] = rounded
+        elif isinstance(value, float):
+            out[key] = int(value)

@@ -1,0 +1,49 @@
+"""Drafts: the tokens a request feeds after its last one, verified in the same forward pass.
+
+Where the grammar forces text (``{"name": "``, a closing quote), that text is the draft
+(jump-forward); elsewhere a :class:`~constrain.decode.speculative.Proposer` guesses (speculative
+decoding). Either way the draft is pruned to what the grammar accepts, and the
+:class:`~constrain.decode.loop.DecodeLoop` keeps a draft token only where the sampler drew it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from constrain.decode.request import InFlight
+from constrain.decode.speculative import DraftModelProposer, NgramProposer, Proposer
+from constrain.models.loading import ModelHandle
+
+__all__ = ["MAX_DRAFT", "next_drafts", "resolve_proposer"]
+
+MAX_DRAFT = 16
+"""At most this many drafts (forced or proposed) follow a request's last token in one forward pass."""
+
+
+def next_drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> tuple[list[int], bool]:
+    """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
+    (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
+    accepts, and to the tokens ``r`` may still write. Changes nothing of ``r`` (the grammar's checks run
+    on forks of its matcher)."""
+    room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
+    if r.finish_reason is not None or room <= 0 or r.thinks:
+        return [], False
+    forced = r.matcher.forced_text() if r.matcher is not None else ""
+    if forced:
+        ids = encode(forced)[:room]
+    elif proposer is not None:
+        ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
+    else:
+        return [], False
+    if r.matcher is not None:
+        ids = ids[: r.matcher.fork().accept_tokens(ids)]
+    return ids, bool(forced)
+
+
+def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:
+    """The draft proposer ``speculative`` names; ``ValueError`` for a draft model of another vocabulary."""
+    if isinstance(speculative, bool):
+        return NgramProposer() if speculative else None
+    if isinstance(speculative, DraftModelProposer):
+        speculative.check_vocabulary(handle)
+    return speculative

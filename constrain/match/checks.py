@@ -1,0 +1,360 @@
+"""Keywords beyond a grammar, compiled: where in a schema a value stands, and whether it may stand there.
+
+A grammar cannot say "no two items equal" (``uniqueItems``), "a multiple of 0.01", ``not``,
+``if``/``then``/``else``, ``dependentRequired``, ``contains`` with ``maxContains``, a ``format`` beyond
+its regexes, or that a key written as an extra key of an open object still takes the value schema
+``properties`` gives it. :mod:`constrain.constraints.schema` leaves such keywords out of the grammar (a
+superset) and marks them; :class:`ValueChecks` is what checking them takes, compiled once per
+constraint, and the scanner of :mod:`constrain.match.values` asks it about each value it sees complete.
+
+How a completed value is judged:
+
+- Its *location* in the schema is a disjunction of conjunctions of subschemas
+  (:data:`~constrain.match.values.Dnf`): the subschemas every valid document applies to the value
+  (``properties``, ``items``, ``$ref``, ``allOf``), with ``anyOf``/``oneOf`` branches as alternatives.
+  Each subschema is checked exactly by ``jsonschema`` (the same validator as
+  :func:`constrain.match.validate.validate`); the location is a *necessary* condition, so a value of a
+  valid document is never refused. At the root the location is the schema itself: the whole document
+  is checked exactly before it can end.
+- An open container is also checked as it grows, with the keywords no later item can repair
+  (``uniqueItems``, ``maxContains``, ``maxProperties``, ``propertyNames``).
+- Only where a subschema below holds a keyword the grammar does not enforce (:meth:`ValueChecks.needs`):
+  elsewhere the grammar is exact and nothing is scanned.
+
+A grammar's text may also embed JSON values (tool calls' arguments,
+:class:`~constrain.constraints.EmbeddedJson`): :class:`CallChecks` holds the checks of each one's schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import regex
+
+from constrain.backends.tokenizer import TokenizerInfo
+from constrain.caches import bounded
+from constrain.constraints.constraint import EmbeddedJson
+from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
+from constrain.constraints.schema_refs import resolve_local
+from constrain.match.embedded import CallValues
+from constrain.match.values import Dnf, ValueState
+
+__all__ = ["BEYOND_GRAMMAR", "FALSE", "MAX_ALTERNATIVES", "MONOTONE", "TRUE", "CallChecks", "ValueChecks"]
+
+TRUE: Dnf = frozenset({frozenset()})
+FALSE: Dnf = frozenset()
+MAX_ALTERNATIVES = 64
+"""A location with more alternatives than this is not checked (a weaker, still necessary condition)."""
+
+BEYOND_GRAMMAR = frozenset(
+    {
+        "uniqueItems", "contains", "minContains", "maxContains", "not", "dependentRequired",
+        "dependentSchemas", "dependencies", "if", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+        "patternProperties", "format", "oneOf", "minProperties", "maxProperties",
+    }
+)  # fmt: skip
+"""Keywords checked wherever they appear (the grammar enforces them loosely, or not at all)."""
+
+MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
+"""Keywords an open container can already break: no item written later repairs them."""
+
+
+def _and(left: Dnf, right: Dnf) -> Dnf:
+    product = frozenset(a | b for a in left for b in right)
+    return product if len(product) <= MAX_ALTERNATIVES else left  # too many: keep the weaker side
+
+
+def _or(parts: Iterable[Dnf]) -> Dnf:
+    union = frozenset().union(*parts)
+    return TRUE if frozenset() in union or len(union) > MAX_ALTERNATIVES else union
+
+
+class ValueChecks:
+    """What the checks of one JSON Schema constraint need: compiled once, shared by its matchers.
+
+    ``schema`` is the schema as the user wrote it; ``validator`` checks against it (``jsonschema``,
+    its draft, formats asserted); ``coverage`` is the preparer's, whose ``checked`` pointers say where the
+    grammar accepts a superset; ``everywhere``: keywords under check wherever they appear (the grammar
+    is loose on them schema-wide). Thread-safe: its caches only ever gain entries that are equal
+    (the validators per subschema are as many as the schema has subschemas; the children and verdicts
+    start over past 100 000 entries).
+    """
+
+    def __init__(
+        self, schema: Any, validator: Any, coverage: Iterable[CoverageEntry], everywhere: Iterable[str] = ()
+    ) -> None:
+        self.root = schema
+        self.validator = validator
+        self.legacy = "prefixItems" not in validator.VALIDATORS  # draft 7 and before: tuple ``items``
+        self.nodes: list[Any] = []  # subschemas by index
+        self._index: dict[int, int] = {}
+        checked = {e.pointer for e in coverage if e.status in ("checked", "approximated")}
+        self._needing = self._find_needing(checked, set(everywhere))
+        self._children: dict[tuple[Dnf, str | int], Dnf] = {}
+        self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
+        self._validators: dict[int, Any] = {}  # per subschema index, its validator (made on first use)
+        self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
+
+    def initial_state(self, info: TokenizerInfo) -> ValueState:
+        """The scanner's state before any output, for a tokenizer."""
+        return ValueState.initial(self, info)
+
+    # -- the schema graph -------------------------------------------------------------------
+    def _loc(self, node: dict[str, Any]) -> int:
+        index = self._index.get(id(node))
+        if index is None:
+            index = self._index[id(node)] = len(self.nodes)
+            self.nodes.append(node)
+        return index
+
+    def _target(self, node: dict[str, Any]) -> Any:
+        """The subschema ``node["$ref"]`` names, or None (remote, dangling)."""
+        ref = node.get("$ref")
+        try:
+            return resolve_local(self.root, ref) if isinstance(ref, str) else None
+        except LookupError:
+            return None
+
+    def _find_needing(self, checked: set[str], everywhere: set[str]) -> frozenset[int]:
+        """The subschemas under which some keyword is beyond the grammar (themselves included)."""
+        edges: dict[int, list[int]] = {}
+        own: set[int] = set()
+        stack: list[Any] = [self.root]
+        while stack:
+            node = stack.pop()
+            if not isinstance(node, dict) or (index := self._loc(node)) in edges:
+                continue
+            if self._beyond(node) or any(key in node for key in everywhere):
+                own.add(index)
+            subs = [*_subschemas(node), self._target(node)]
+            edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
+            stack += subs
+        own |= {self._loc(node) for node in map(self._deepest, checked) if isinstance(node, dict)}
+        self._own = frozenset(own)
+        needing, frontier = set(own), list(own)
+        parents: dict[int, list[int]] = {}
+        for parent, children in edges.items():
+            for child in children:
+                parents.setdefault(child, []).append(parent)
+        while frontier:
+            for parent in parents.get(frontier.pop(), ()):
+                if parent not in needing:
+                    needing.add(parent)
+                    frontier.append(parent)
+        return frozenset(needing)
+
+    def _deepest(self, pointer: str) -> Any:
+        """The deepest subschema of the document on ``pointer``'s path: a coverage pointer may name a
+        place the preparer made (inside merged ``allOf`` branches), checked from the node that holds it."""
+        node, found = self.root, self.root
+        for raw in pointer.split("/")[1:]:
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break
+            if isinstance(node, dict):
+                found = node
+        return found
+
+    @staticmethod
+    def _beyond(node: dict[str, Any]) -> bool:
+        if any(key in node for key in BEYOND_GRAMMAR if node.get(key) is not False):
+            return True
+        required, described = node.get("required"), node.get("properties")
+        if isinstance(required, list) and not set(required) <= set(described if isinstance(described, dict) else ()):
+            return True  # a required key the properties do not describe: the engines may let it be skipped
+        step = node.get("multipleOf")
+        return step is not None and not (isinstance(step, int) and node.get("type") == "integer")
+
+    # -- locations --------------------------------------------------------------------------
+    @functools.cached_property
+    def root_location(self) -> Dnf:
+        return self.expand(self.root)
+
+    def expand(self, node: Any, visiting: frozenset[int] = frozenset()) -> Dnf:
+        """The location of a value ``node`` applies to: ``node`` and, at the same value, its ``$ref``,
+        ``allOf`` members and ``anyOf``/``oneOf`` branches (as alternatives)."""
+        if node is False:
+            return FALSE
+        if not isinstance(node, dict) or id(node) in visiting:
+            return TRUE
+        visiting |= {id(node)}
+        target = self._target(node)
+        if target is not None and self.legacy:
+            return self.expand(target, visiting)  # draft 7 and before: a $ref's siblings are ignored
+        location: Dnf = frozenset({frozenset({self._loc(node)})})
+        if target is not None:
+            location = _and(location, self.expand(target, visiting))
+        for member in node.get("allOf", ()) if isinstance(node.get("allOf"), list) else ():
+            location = _and(location, self.expand(member, visiting))
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                location = _and(location, _or(self.expand(branch, visiting) for branch in node[key]))
+        return location
+
+    def child(self, location: Dnf, key: str | int) -> Dnf:
+        """The location of member ``key`` (a str) of an object, or item ``key`` (an int) of an array."""
+        found = self._children.get((location, key))
+        if found is None:
+            found = _or(self._child_alternative(alternative, key) for alternative in location)
+            if len(self._children) > 100_000:
+                self._children.clear()
+            self._children[location, key] = found
+        return found
+
+    def _child_alternative(self, alternative: frozenset[int], key: str | int) -> Dnf:
+        location = TRUE
+        for index in alternative:
+            location = _and(location, self._child_of(self.nodes[index], key))
+            if not location:
+                break
+        return location
+
+    def _child_of(self, node: dict[str, Any], key: str | int) -> Dnf:
+        types = node.get("type")
+        if isinstance(types, str):
+            types = [types]
+        kind = "object" if isinstance(key, str) else "array"
+        if isinstance(types, list) and kind not in types:
+            return FALSE  # this alternative is not a container of that kind
+        parts: list[Any] = []
+        if isinstance(key, str):
+            properties = node.get("properties")
+            if isinstance(properties, dict) and key in properties:
+                parts.append(properties[key])
+            patterns = node.get("patternProperties")
+            for pattern, sub in patterns.items() if isinstance(patterns, dict) else ():
+                if _search(pattern, key):
+                    parts.append(sub)
+            if not parts and "additionalProperties" in node:
+                parts.append(node["additionalProperties"])
+        else:
+            tuple_key = "items" if self.legacy else "prefixItems"
+            rest_key = "additionalItems" if self.legacy else "items"
+            prefix = node.get(tuple_key)
+            if isinstance(prefix, list) and key < len(prefix):
+                parts.append(prefix[key])
+            elif isinstance(prefix, list) or not self.legacy:
+                parts += [node[rest_key]] if rest_key in node else []
+            elif "items" in node:
+                parts.append(node["items"])
+        location = TRUE
+        for part in parts:
+            location = _and(location, self.expand(part))
+        return location
+
+    # -- checks -----------------------------------------------------------------------------
+    def needs(self, location: Dnf) -> bool:
+        """Whether a value at ``location`` must be checked (the grammar alone is not exact there)."""
+        return any(index in self._needing for alternative in location for index in alternative)
+
+    def has_own(self, location: Dnf) -> bool:
+        """Whether a subschema at ``location`` holds a keyword beyond the grammar itself (not only below)."""
+        return any(index in self._own for alternative in location for index in alternative)
+
+    def grows_checked(self, location: Dnf) -> bool:
+        """Whether an open container at ``location`` is checked as it grows."""
+        return any(self._prefix(index) is not None for alternative in location for index in alternative)
+
+    def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
+        """Whether ``value`` may stand at ``location`` (every subschema of some alternative holds); with
+        ``prefix``, whether the open container ``value`` (its completed items or members) may still grow
+        into one. Memoized per value."""
+        scalar = value is None or isinstance(value, (str, int, float))
+        key = (location, prefix, (type(value), value) if scalar else json.dumps(value, sort_keys=True))
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            valid = self._prefix_valid if prefix else self._valid
+            verdict = any(all(valid(index, value) for index in alternative) for alternative in location)
+            if len(self._verdicts) > 100_000:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _node_validator(self, index: int) -> Any:
+        found = self._validators.get(index)
+        if found is None:
+            found = self._validators[index] = self.validator.evolve(schema=self.nodes[index])
+        return found
+
+    def _valid(self, index: int, value: Any) -> bool:
+        try:
+            return bool(self._node_validator(index).is_valid(value))
+        except Exception:  # a reference that does not resolve offline: cannot check, never refuse
+            return True
+
+    def _prefix(self, index: int) -> Any:
+        """A validator for what an open container at subschema ``index`` can already break, or None."""
+        if index not in self._prefixes:
+            self._prefixes[index] = self._prefix_checker(index)
+        return self._prefixes[index]
+
+    def _prefix_checker(self, index: int) -> Any:
+        node = self.nodes[index]
+        kept = {key: node[key] for key in MONOTONE if key in node}
+        if self.legacy or "maxContains" not in kept:
+            kept.pop("contains", None)
+        if "contains" in kept:
+            kept["minContains"] = 0
+        if kept.get("uniqueItems") is False:
+            del kept["uniqueItems"]
+        if set(kept) <= {"type"}:
+            return None
+        return self.validator.evolve(schema=kept)
+
+    def _prefix_valid(self, index: int, container: Any) -> bool:
+        checker = self._prefix(index)
+        try:
+            return checker is None or bool(checker.is_valid(container))
+        except Exception:
+            return True
+
+
+def _subschemas(node: dict[str, Any]) -> Iterable[Any]:
+    """The subschemas directly inside ``node``."""
+    for key in SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            yield from node[key].values()
+    for key in (*SCHEMA_LISTS, "items"):
+        if isinstance(node.get(key), list):
+            yield from node[key]
+    for key in SINGLE_SCHEMAS:
+        if key in node and not isinstance(node[key], list):
+            yield node[key]
+
+
+@bounded("match.checks.patterns", maxsize=1024)
+def _compiled_pattern(pattern: str) -> Any:
+    try:
+        return regex.compile(pattern)
+    except regex.error:
+        return None
+
+
+def _search(pattern: str, key: str) -> bool:
+    """Whether ``patternProperties``' ``pattern`` matches ``key`` (an unreadable pattern matches all:
+    the weaker condition)."""
+    compiled = _compiled_pattern(pattern)
+    return compiled is None or compiled.search(key) is not None
+
+
+class CallChecks:
+    """The checks of a text that embeds JSON values (:class:`~constrain.constraints.EmbeddedJson`, the
+    arguments of tool calls): per name, the :class:`ValueChecks` of its schema. Shared like them."""
+
+    def __init__(self, embedded: EmbeddedJson, checks: dict[str, ValueChecks]) -> None:
+        self.trigger = embedded.trigger.encode()
+        opener, name_end = regex.escape(embedded.opener.encode()), regex.escape(embedded.name_end.encode())
+        self.opener = regex.compile(opener + rb'([^"\\]{1,64})' + name_end)  # group 1: the name
+        self.checks = checks
+        self.keep = max(len(self.trigger), len(embedded.opener) + 64 + len(embedded.name_end))
+
+    def initial_state(self, info: TokenizerInfo) -> CallValues:
+        """The scanner's state before any output, for a tokenizer."""
+        return CallValues.initial(self, info)

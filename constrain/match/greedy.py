@@ -1,0 +1,177 @@
+"""The greedy closing: a quick way to finish from a matcher's state, where the search has no time.
+
+:func:`greedy_closing` walks one path: take the forced text; else the first of the :data:`PRIORITY
+<constrain.match.vocab.PRIORITY>` characters (close strings and containers first, then the shortest
+values) and the constraint's hints that does not lead into a dead end of the value checks; where it
+writes one character again and again (free text, or a loop), look for a token that leads elsewhere
+(``_escape``). It is the fallback of :func:`~constrain.match.closing.completion` when the search
+runs out of time, and the cheap check the :class:`~constrain.match.budget.Budget` makes during
+generation. :func:`take_forced` and :func:`state_signature` serve the search as well.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from constrain.match.bitmask import allocate_token_bitmask, allowed_among
+from constrain.match.matcher import Matcher
+from constrain.match.vocab import PRIORITY, ClosingVocab
+
+__all__ = ["ESCAPES", "STREAK", "Encode", "Signature", "greedy_closing", "state_signature", "take_forced"]
+
+STREAK = 8
+"""After this many copies of one character in a row, look for an allowed character that changes the
+next mask (the ``@`` of an e-mail pattern), else go on."""
+
+ESCAPES = 8
+"""At most this many escapes from loops per closing (each tries every allowed character's mask)."""
+
+Encode = Callable[[str], list[int]]
+"""A piece of text to token ids (the tokenizer's own, no special tokens)."""
+
+Signature = tuple[str, int]
+"""What a matcher state allows next: its forced text and a hash of its next-token mask (and value digest)."""
+
+
+def take_forced(probe: Matcher, text: str, encode: Encode, chars: dict[str, int]) -> list[int] | None:
+    """Accept forced ``text`` on ``probe`` as tokens (its own tokenization, else character by character)
+    and return them; None (``probe`` unchanged) if the matcher refuses both."""
+    ids = encode(text)
+    taken = probe.accept_tokens(ids)
+    if taken == len(ids):
+        return ids
+    probe.rollback(taken)
+    ids = []
+    for ch in text:
+        piece = [chars[ch]] if ch in chars else encode(ch)
+        if probe.accept_tokens(piece) != len(piece):
+            probe.rollback(len(ids))
+            return None
+        ids += piece
+    return ids
+
+
+def state_signature(
+    probe: Matcher,
+    # [1, ceil(V / 32)] int32, on the CPU; overwritten
+    bitmask: torch.Tensor,
+) -> Signature:
+    """What ``probe`` allows next: its forced text and a hash of its next-token mask and of what its value
+    checks still depend on (fills ``bitmask``)."""
+    probe.fill_next_token_bitmask(bitmask)
+    return probe.forced_text(), hash((bitmask[0].numpy().tobytes(), probe.value_digest()))
+
+
+def _escape(
+    probe: Matcher,
+    pick: int,
+    # [1, ceil(V / 32)] int32, on the CPU; overwritten
+    bitmask: torch.Tensor,
+    vocab: ClosingVocab,
+    hints: list[list[int]],
+    stuck: set[Signature],
+    taken: dict[Signature, int],
+) -> list[int] | None:
+    """Tokens after which ``probe`` allows something else than after ``pick`` (one more round of a
+    loop), accepted on ``probe`` (else None, ``probe`` unchanged): one of ``hints``, else the allowed
+    single-character token that leads where escapes led least often (``taken`` counts them: else a
+    column list escapes by a comma forever). A loop without a way out is added to ``stuck`` and not
+    looked at again."""
+    probe.fill_next_token_bitmask(bitmask)
+    allowed = allowed_among(bitmask[0], vocab.char_ids)  # [k] int64, in move order
+    if not probe.accept_token(pick):
+        return None
+    looping = state_signature(probe, bitmask)
+    probe.rollback(1)
+    if looping in stuck:
+        return None
+    for ids in hints:  # the constraint's own examples first: a blind pattern has no other way out
+        taken_ids = probe.accept_tokens(ids)
+        if taken_ids == len(ids) and (probe.is_completed() or state_signature(probe, bitmask) != looping):
+            return ids
+        probe.rollback(taken_ids)
+    best: tuple[int, int, Signature] | None = None  # (times taken, token, where it leads)
+    for token in allowed.tolist():
+        if token != pick and probe.accept_token(token):
+            after = state_signature(probe, bitmask)
+            probe.rollback(1)
+            if after != looping and (best is None or taken.get(after, 0) < best[0]):
+                best = (taken.get(after, 0), token, after)
+                if best[0] == 0:
+                    break
+    if best is None:
+        stuck.add(looping)
+        return None
+    taken[best[2]] = best[0] + 1
+    probe.accept_token(best[1])
+    return [int(best[1])]
+
+
+def _advance(
+    probe: Matcher,
+    ids: list[int],
+    # [1, ceil(V / 32)] int32, on the CPU; overwritten
+    bitmask: torch.Tensor,
+) -> bool:
+    """Accept ``ids`` on ``probe`` (a search fork) if it can go on after them, else leave it as it was:
+    under value checks a dead end allows nothing (``fork(search=True)``); without them every state can
+    go on."""
+    taken = probe.accept_tokens(ids)
+    if taken == len(ids):
+        if not probe.checks_values or probe.is_completed():
+            return True
+        probe.fill_next_token_bitmask(bitmask)
+        if bool(bitmask.any()):
+            return True
+    probe.rollback(taken)
+    return False
+
+
+def greedy_closing(
+    matcher: Matcher, encode: Encode, vocab: ClosingVocab, max_tokens: int, hints: list[list[int]], deadline: float
+) -> list[int] | None:
+    """A token sequence that completes ``matcher``'s match, at most ``max_tokens`` long (``[]`` if it is
+    complete already), or None: a dead end, or ``deadline`` (a ``time.perf_counter()`` value, checked
+    every 16 tokens) passed. ``hints``: token sequences worth trying inside free text. Does not change
+    ``matcher`` (it walks a fork)."""
+    chars = vocab.char_tokens
+    bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
+    priority = [chars[c] for c in PRIORITY if c in chars]
+    moves = [[t] for t in priority[:1]] + hints + [[t] for t in priority[1:]]  # a string's closing quote first
+    probe, out = matcher.fork(), list[int]()
+    streak = 0
+    stuck: set[Signature] = set()  # loops no character leads out of
+    taken: dict[Signature, int] = {}  # where escapes from loops led, how often
+    escapes = 0
+    while len(out) <= max_tokens and (len(out) % 16 or time.perf_counter() < deadline):
+        if probe.is_completed():
+            return out
+        forced = probe.forced_text()
+        ids = take_forced(probe, forced, encode, chars) if forced else None
+        if ids:
+            out += ids
+            streak = 0
+            continue
+        if streak >= STREAK and escapes < ESCAPES:  # one character again and again: free text, or a loop
+            escaped = _escape(probe, out[-1], bitmask, vocab, hints, stuck, taken)
+            streak, escapes = 0, escapes + 1
+            if escaped is not None:
+                out += escaped
+                continue
+        # try the priority characters in turn, not into a dead end of the value checks ("a where the
+        # array holds "a" already); where a string cannot close yet, the constraint's own examples before
+        # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
+        pick = next((ids for ids in moves if _advance(probe, ids, bitmask)), None)
+        if pick is None:
+            probe.fill_next_token_bitmask(bitmask)
+            by_char = sorted(allowed_among(bitmask[0], vocab.char_ids).tolist(), key=vocab.pieces.__getitem__)
+            allowed = [[token] for token in by_char]
+            pick = next((ids for ids in allowed if _advance(probe, ids, bitmask)), None)
+            if pick is None:
+                return None
+        streak = streak + 1 if out and pick == out[-1:] else 1
+        out += pick
+    return None

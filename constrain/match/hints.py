@@ -1,0 +1,135 @@
+"""Hints for the closing search: short texts worth trying inside free text, from the constraint itself.
+
+Where a string must match a pattern, the masks alone may not show which character leads out (the
+suffix of ``[A-Z_]+(_DEVICE|_LAYOUT)``, an unanchored pattern): the closing search
+(:mod:`constrain.match.closing`) would be blind. :func:`hints` gives it the shortest examples of the
+constraint's regexes (a JSON Schema's ``pattern`` strings, as JSON string content) and of its
+``format`` strings; :func:`example` builds one from a pattern. Both are guesses the matcher checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import string
+from collections.abc import Iterator
+from typing import Any
+
+from constrain.constraints.constraint import JsonSchema, Regex
+from constrain.match.matcher import Matcher
+
+__all__ = ["FORMATS", "MAX_HINTS", "example", "hints"]
+
+FORMATS = {
+    "date-time": "2000-01-01T00:00:00Z", "date": "2000-01-01", "time": "00:00:00Z", "duration": "P1D",
+    "email": "a@a.aa", "idn-email": "a@a.aa", "hostname": "a", "idn-hostname": "a", "ipv4": "0.0.0.0",
+    "ipv6": "::1", "uri": "a:a", "iri": "a:a", "uri-reference": "a", "iri-reference": "a",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+}  # fmt: skip
+"""A short valid string per JSON Schema ``format`` (a hint for the search, checked by the matcher)."""
+
+MAX_HINTS = 32
+"""The most hints :func:`hints` gives for one constraint."""
+
+_CANDIDATES = "a0A_-.:/@ " + string.printable
+
+
+def example(pattern: str) -> str | None:
+    """A short string that ``pattern`` matches (the fewest repeats, the shortest branch), or None.
+
+    Built from the pattern's syntax tree as Python's ``re`` parses it (lookarounds ignored): a guess
+    the matcher checks, not a proof.
+    """
+    try:
+        from re import _parser  # type: ignore[attr-defined,unused-ignore]  # the stdlib's regex parser (3.11+)
+
+        tree = _parser.parse(pattern)
+    except Exception:  # a pattern Python cannot parse, or another Python: no example
+        return None
+    groups: dict[int, str] = {}
+
+    def matches(ch: str, items: list[tuple[Any, Any]]) -> bool:
+        found, negate = False, False
+        for op, arg in items:
+            kind = str(op)
+            if kind == "NEGATE":
+                negate = True
+            elif kind == "LITERAL":
+                found |= ord(ch) == arg
+            elif kind == "RANGE":
+                found |= arg[0] <= ord(ch) <= arg[1]
+            elif kind == "CATEGORY":
+                name = str(arg)
+                test = (
+                    ch.isdigit() if "DIGIT" in name else ch.isspace() if "SPACE" in name else ch.isalnum() or ch == "_"
+                )
+                found |= test != ("NOT" in name)
+        return found != negate
+
+    def walk(seq: Any) -> str | None:
+        out: list[str] = []
+        for op, arg in seq:
+            kind = str(op)
+            piece: str | None = ""
+            if kind == "LITERAL":
+                piece = chr(arg)
+            elif kind in ("NOT_LITERAL", "ANY", "IN", "CATEGORY"):
+                items = {"NOT_LITERAL": [("NEGATE", None), ("LITERAL", arg)], "ANY": [("NEGATE", None)]}.get(
+                    kind, arg if kind == "IN" else [(op, arg)]
+                )
+                piece = next((ch for ch in _CANDIDATES if ch != "\n" and matches(ch, items)), None)
+            elif kind.endswith("_REPEAT"):
+                sub = walk(arg[2])
+                piece = None if sub is None else sub * arg[0]
+            elif kind == "SUBPATTERN":
+                piece = walk(arg[3])
+                if piece is not None and arg[0] is not None:
+                    groups[arg[0]] = piece
+            elif kind == "ATOMIC_GROUP":
+                piece = walk(arg)
+            elif kind == "BRANCH":
+                options = [text for text in map(walk, arg[1]) if text is not None]
+                piece = min(options, key=len) if options else None
+            elif kind == "GROUPREF":
+                piece = groups.get(arg, "")
+            elif kind not in ("AT", "ASSERT", "ASSERT_NOT"):
+                return None
+            if piece is None:
+                return None
+            out.append(piece)
+        return "".join(out)
+
+    return walk(tree)
+
+
+def hints(matcher: Matcher) -> list[str]:
+    """Texts worth trying inside free text, from ``matcher``'s constraint (see the module docstring), at
+    most :data:`MAX_HINTS`, each once; ``[]`` for grammars and choices. Does not change ``matcher``."""
+    compiled = matcher.compiled
+    constraint = compiled.constraint
+    if isinstance(constraint, Regex):
+        found = example(constraint.pattern)
+        return [found] if found else []
+    if not isinstance(constraint, JsonSchema):
+        return []
+
+    def walk(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found = example(node["pattern"])
+                if found is not None:
+                    yield json.dumps(found)[1:-1]
+            if isinstance(node.get("format"), str) and node["format"] in FORMATS:
+                yield FORMATS[node["format"]]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    # the schema as the engine was given it (its patterns and formats as prepared) where the compiled
+    # constraint keeps one (CompiledConstraint.engine_schema: not part of what a matcher needs), else the user's
+    schema = getattr(compiled, "engine_schema", None)
+    if schema is None:
+        schema = constraint.schema_value
+    return list(itertools.islice(dict.fromkeys(text for text in walk(schema) if text), MAX_HINTS))

@@ -1,0 +1,74 @@
+"""Both engines behind one protocol (constrain.backends.base): the same semantics, state by state."""
+
+import json
+
+import pytest
+import torch
+
+from constrain.backends import CompiledGrammar, GrammarState, tokenizer_info
+from constrain.backends import llguidance as llg
+from constrain.backends import xgrammar as xgr
+from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
+
+SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+TEXT = '{"n": 12}'
+
+
+def _grammars(tokenizer) -> dict[str, CompiledGrammar]:
+    info = tokenizer_info(tokenizer)
+    backend = info.llguidance()
+    assert backend is not None, "a fast tokenizer has llguidance"
+    return {
+        "xgrammar": info.xgrammar.compile_ebnf(
+            xgr.json_schema_ebnf(SCHEMA, separators=(", ", ": "), max_whitespace=0, any_order=False)
+        ),
+        "llguidance": backend.compile(llg.json_schema_grammar(SCHEMA, separators=(", ", ": "), max_whitespace=0)),
+    }
+
+
+def _allowed(state: GrammarState, vocab_size: int) -> torch.Tensor:
+    bitmask = allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
+    state.fill_next_token_bitmask(bitmask, 0)
+    return bitmask[0].clone()
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_state_follows_the_protocol(smol_tokenizer, engine: str) -> None:
+    grammar = _grammars(smol_tokenizer)[engine]
+    info = tokenizer_info(smol_tokenizer)
+    eos = info.eos_token_ids[0]
+    assert grammar.engine == engine and grammar.memory_size_bytes > 0
+    state = grammar.new_state()
+    tokens = smol_tokenizer.encode(TEXT, add_special_tokens=False)
+    start = _allowed(state, info.vocab_size)
+    bad = smol_tokenizer.encode("x", add_special_tokens=False)[0]
+    assert not state.accept_token(bad), "a rejected token returns False"
+    assert torch.equal(_allowed(state, info.vocab_size), start), "and leaves the state unchanged"
+    assert all(state.accept_token(t) for t in tokens)
+    assert state.is_completed() and not state.is_terminated()
+    twin = state.fork()
+    state.rollback(len(tokens))
+    assert torch.equal(_allowed(state, info.vocab_size), start), "rollback restores the start"
+    assert twin.accept_token(eos) and twin.is_terminated(), "EOS ends the fork"
+    assert not state.is_terminated(), "the fork is independent"
+    assert state.accept_string(TEXT) and state.is_completed()
+    state.reset()
+    assert state.find_jump_forward_string() == '{"n": ', "the forced prefix"
+
+
+def test_both_engines_allow_the_text_and_fill_in_one_call(smol_tokenizer) -> None:
+    grammars = _grammars(smol_tokenizer)
+    info = tokenizer_info(smol_tokenizer)
+    tokens = smol_tokenizer.encode(TEXT, add_special_tokens=False)
+    bad = smol_tokenizer.encode("x", add_special_tokens=False)[0]
+    for step in range(len(tokens)):
+        for grammar in grammars.values():
+            states = [grammar.new_state(), grammar.new_state()]
+            for state in states:
+                assert all(state.accept_token(t) for t in tokens[:step])
+            batched = allocate_token_bitmask(3, info.vocab_size)  # [3, ceil(V / 32)] int32
+            grammar.fill_next_token_bitmasks(states, batched, [2, 0])
+            assert torch.equal(batched[2], _allowed(states[0], info.vocab_size)), "a batched row is the state's"
+            assert torch.equal(batched[0], batched[2]) and bool((batched[1] == -1).all()), "only the rows named"
+            allowed = set(allowed_ids(batched[2]))
+            assert tokens[step] in allowed and bad not in allowed, (grammar.engine, step)
