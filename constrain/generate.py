@@ -7,11 +7,12 @@ prompts (each a :class:`Request` with its own constraint and parameters) runs as
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from constrain.backends.tokenizer import tokenizer_info
 from constrain.compile.compiler import compile
@@ -121,12 +122,22 @@ STREAM_OPTIONS = tuple(name for name in REQUEST_OPTIONS if name not in ("n", "nu
 sampling parameters, which :class:`sampler.SamplingParams` refuses; ``num_beams`` a :class:`BeamSearchError`)."""
 
 
-def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
+def admit(
+    handle: ModelHandle,
+    spec: Request,
+    *,
+    on_event: Callable[[int, StreamEvent], None] | None = None,
+    partials: bool = True,
+) -> list[InFlight]:
     """Admission: the ``n`` in-flight requests of one :class:`Request`, for a :class:`~constrain.decode.loop.DecodeLoop`
     or an :class:`~constrain.serving.engine.Engine`. Every argument is checked and the constraint compiled here, up
     front: a bad request raises (``ValueError``, a :class:`ConstraintError`, ``InvalidSamplingParamsError``)
     before anything runs, and each request is started (:meth:`InFlight.start`: a :class:`BudgetError` when
-    nothing fits in ``max_tokens``). A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`."""
+    nothing fits in ``max_tokens``). A beam search (``num_beams > 1``) is admitted by :func:`admit_beam_search`.
+
+    ``on_event(k, event)``: called with completion ``k``'s :class:`StreamEvent` s, on the thread that runs
+    the loop (None: no events). ``partials``: whether events of a JSON schema carry the partial value
+    (a parse of the whole text per token; servers without a use for it save that)."""
     if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
     if not isinstance(spec.n, int) or spec.n < 1:
@@ -168,6 +179,8 @@ def admit(handle: ModelHandle, spec: Request) -> list[InFlight]:
                 encode=encode if spec.close_in_budget else None,
                 repetition_guard=spec.repetition_guard if spec.repetition_guard is not None else compiled is not None,
                 thinking=thinking(),
+                on_event=None if on_event is None else functools.partial(on_event, k),
+                partials=partials,
             ).start()  # the closing search: BudgetError here, before any forward pass
         )
     return out
@@ -227,30 +240,39 @@ def _requests(prompt: Any, options: dict[str, Any], names: Collection[str]) -> t
     return specs, single
 
 
-def _in_background(work: Callable[[Callable[[T], None], threading.Event], None]) -> Iterator[T]:
-    """Run ``work(emit, cancelled)`` on a daemon thread and yield what it emits, as it emits it; then
-    raise what it raised, if anything. Closing the iterator early (or its garbage collection) sets
-    ``cancelled``, for the work to stop soon after."""
-    items: queue.SimpleQueue[tuple[T] | None] = queue.SimpleQueue()  # None: the work ended
-    failure: list[BaseException] = []
-    cancelled = threading.Event()
+class _Feed(Generic[T]):
+    """Items a worker thread produces, handed to the caller's thread as they come."""
 
-    def worker() -> None:
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[tuple[T] | None] = queue.SimpleQueue()  # None: the work ended
+
+    def put(self, item: T) -> None:
+        """Hand ``item`` over (from any thread)."""
+        self._items.put((item,))
+
+    def run(self, work: Callable[[threading.Event], None]) -> Iterator[T]:
+        """Run ``work(cancelled)`` on a daemon thread and yield what it puts, as it puts it; then raise
+        what it raised, if anything. Closing the iterator early (or its garbage collection) sets
+        ``cancelled``, for the work to stop soon after."""
+        failure: list[BaseException] = []
+        cancelled = threading.Event()
+
+        def worker() -> None:
+            try:
+                work(cancelled)
+            except BaseException as err:
+                failure.append(err)
+            finally:
+                self._items.put(None)
+
+        threading.Thread(target=worker, name="constrain-stream", daemon=True).start()
         try:
-            work(lambda item: items.put((item,)), cancelled)
-        except BaseException as err:
-            failure.append(err)
-        finally:
-            items.put(None)
-
-    threading.Thread(target=worker, name="constrain-stream", daemon=True).start()
-    try:
-        while (box := items.get()) is not None:
-            yield box[0]
-    finally:  # the caller closed the iterator early (or it was collected): stop the work for nobody
-        cancelled.set()
-    if failure:
-        raise failure[0]
+            while (box := self._items.get()) is not None:
+                yield box[0]
+        finally:  # the caller closed the iterator early (or it was collected): stop the work for nobody
+            cancelled.set()
+        if failure:
+            raise failure[0]
 
 
 def generate(
@@ -355,15 +377,15 @@ def stream(
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     if "num_beams" in options or specs[0].num_beams != 1:
         raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
-    requests = admit(handle, specs[0])
+    feed: _Feed[StreamEvent] = _Feed()
+    requests = admit(handle, specs[0], on_event=lambda _, event: feed.put(event))
     resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
 
-    def decode(emit: Callable[[StreamEvent], None], cancelled: threading.Event) -> None:
-        requests[0].on_event = emit
+    def decode(cancelled: threading.Event) -> None:
         _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost,
              cancelled=cancelled)  # fmt: skip
 
-    yield from _in_background(decode)
+    yield from feed.run(decode)
     yield requests[0].result()
 
 

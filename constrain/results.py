@@ -83,3 +83,6 @@ class StreamEvent:
     # fields validated and the rest None; see constrain.decode.partial); the whole validated value once complete
     value: Any = None
     completed: tuple[str, ...] = ()  # with schema=: JSON pointers of the values this step completed, innermost first
+    # with logprobs=: per token of ``token_ids``, its logprob and the top alternatives ({token id: logprob})
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None

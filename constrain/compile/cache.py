@@ -41,6 +41,10 @@ class ByteLRU(Generic[V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
     def get_or_create(self, key: Hashable, create: Callable[[], V]) -> V:
         with self._lock:
             if key in self._items:

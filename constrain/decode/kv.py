@@ -9,14 +9,22 @@ full-attention layers allow (:func:`mergeable`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from constrain.decode.request import InFlight
 
-__all__ = ["MIN_PREFIX", "PREFILL_PADDING", "PrefixCache", "merge_rows", "mergeable", "prefill_groups"]
+__all__ = [
+    "MIN_PREFIX",
+    "PREFILL_PADDING",
+    "PrefixCache",
+    "longest_prefix",
+    "merge_rows",
+    "mergeable",
+    "prefill_groups",
+]
 
 MIN_PREFIX = 16
 """Shortest shared prompt prefix (tokens) worth prefilling from the :class:`PrefixCache`."""
@@ -39,16 +47,7 @@ class PrefixCache:
     def match(self, prompt: Sequence[int]) -> int:
         """Length of the longest prefix of ``prompt`` cached (0 below :data:`MIN_PREFIX`), at most all
         tokens but the last (whose logits the prefill must compute)."""
-        head, best = tuple(prompt[: len(prompt) - 1]), 0
-        for key in self._entries:
-            low, high = MIN_PREFIX, min(len(key), len(head))  # the common length, by bisection on slices
-            if high < low or key[:low] != head[:low]:
-                continue
-            while low < high:
-                mid = (low + high + 1) // 2
-                low, high = (mid, high) if key[:mid] == head[:mid] else (low, mid - 1)
-            best = max(best, low)
-        return best if best >= MIN_PREFIX else 0
+        return longest_prefix(self._entries, prompt)
 
     def cache(self, prompt: Sequence[int], length: int) -> Any:
         """A fresh ``DynamicCache`` holding the KV of ``prompt[:length]`` (which :meth:`match` found)."""
@@ -82,6 +81,21 @@ class PrefixCache:
 
 PREFILL_PADDING = 0.25
 """A prefill group's longest prompt exceeds its shortest by at most this share (plus 8 tokens)."""
+
+
+def longest_prefix(keys: Iterable[tuple[int, ...]], prompt: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``prompt`` but its last token with any of ``keys``
+    (0 below :data:`MIN_PREFIX`)."""
+    head, best = tuple(prompt[: len(prompt) - 1]), 0
+    for key in keys:
+        low, high = MIN_PREFIX, min(len(key), len(head))  # the common length, by bisection on slices
+        if high < low or key[:low] != head[:low]:
+            continue
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if key[:mid] == head[:mid] else (low, mid - 1)
+        best = max(best, low)
+    return best if best >= MIN_PREFIX else 0
 
 
 def prefill_groups(joining: list[InFlight]) -> list[list[InFlight]]:

@@ -136,7 +136,16 @@ class InFlight:
             completed = self.typed.feed(text, final=self.finish_reason is not None)  # finish() sets it first
             partial, value = _partial(self.compiled, self.text), self.typed.value
         if text or token_ids or completed:
-            self.on_event(StreamEvent(text, token_ids, partial, value=value, completed=completed))
+            logprobs, top = self._scores(len(token_ids))
+            self.on_event(StreamEvent(text, token_ids, partial, value=value, completed=completed,
+                                      logprobs=logprobs, top_logprobs=top))  # fmt: skip
+
+    def _scores(self, count: int) -> tuple[list[float] | None, list[dict[int, float]] | None]:
+        """The logprobs and top alternatives of the last ``count`` tokens (None, None without logprobs=)."""
+        if self.params.logprobs is None:
+            return None, None
+        n = len(self.output_ids)
+        return self.logprobs[n - count : n], self.top_logprobs[n - count : n]
 
     @property
     def thinks(self) -> bool:
@@ -150,7 +159,8 @@ class InFlight:
 
     def _emit_reasoning(self, delta: str, token_ids: list[int]) -> None:
         if self.on_event is not None and (delta or token_ids):
-            self.on_event(StreamEvent(delta, token_ids, part="reasoning"))
+            logprobs, top = self._scores(len(token_ids))
+            self.on_event(StreamEvent(delta, token_ids, part="reasoning", logprobs=logprobs, top_logprobs=top))
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         """End the request with ``reason``: flush the detokenizer and the text stop strings held back."""

@@ -20,17 +20,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.matcher import Matcher
 from constrain.models.cost import cache_keyword
+from constrain.models.loading import ModelHandle, model_handle
 from sampler.ops.bitmask import apply_token_bitmask_inplace
-
-if TYPE_CHECKING:
-    from constrain.match.matcher import Matcher
-    from constrain.models.loading import ModelHandle
 
 __all__ = [
     "ACCEPTANCE_PRIOR",
@@ -124,17 +122,24 @@ class DraftModelProposer:
     def __init__(
         self, model: ModelHandle | Any, *, k: int = 4, max_cached: int = 64, acceptance_prior: float = ACCEPTANCE_PRIOR
     ) -> None:
-        from constrain.models.loading import ModelHandle, load_model
-
         if k < 1 or max_cached < 1:
             raise ValueError(f"k and max_cached must be at least 1, got {k} and {max_cached}")
         _check_share("acceptance_prior", acceptance_prior)
         self.acceptance_prior = acceptance_prior
-        self.handle = model if isinstance(model, ModelHandle) else load_model(model)
+        self.handle = model_handle(model)
         self.k = k
         self.max_cached = max_cached
         self._caches: OrderedDict[tuple[int, ...], tuple[list[int], Any]] = OrderedDict()
         self._checked: set[int] = set()  # ids of the target tokenizers found compatible
+
+    def cached(self, prompt: Sequence[int]) -> tuple[list[int], Any] | None:
+        """The draft model's KV cache kept for ``prompt``: (the ids it holds, the cache), or None."""
+        return self._caches.get(tuple(prompt))
+
+    @property
+    def cached_prompts(self) -> list[tuple[int, ...]]:
+        """The prompts whose KV cache is kept, least recently used first."""
+        return list(self._caches)
 
     def check_vocabulary(self, target: ModelHandle) -> None:
         """Raise ``ValueError`` unless the draft model tokenizes like ``target`` (same vocabulary)."""

@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from constrain.models.loading import ModelHandle, load_model
+from constrain.models.loading import ModelHandle, load_model, model_handle
 
 __all__ = ["export_model"]
 
@@ -114,11 +114,9 @@ def _check_folder(folder: Path, *, overwrite: bool) -> None:
 
 
 def _handle(model: Any, dtype: torch.dtype | None) -> ModelHandle:
-    if isinstance(model, ModelHandle):
-        return model
     if isinstance(model, tuple):
         return load_model(model)  # keeps the pair's dtype (casting it would change the caller's model)
-    return load_model(model, dtype=torch.float32 if dtype is None else dtype)
+    return model_handle(model, dtype=torch.float32 if dtype is None else dtype)
 
 
 def _state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:

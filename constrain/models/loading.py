@@ -337,7 +337,7 @@ def load_model(
     return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))
 
 
-def model_handle(model: Any) -> ModelHandle:
-    """``model`` itself if it is a :class:`ModelHandle`, else :func:`load_model` of it (with the default
-    dtype and device): what every call that takes "a model" accepts (None: the default packaged model)."""
-    return model if isinstance(model, ModelHandle) else load_model(model)
+def model_handle(model: Any, **options: Any) -> ModelHandle:
+    """``model`` itself if it is a :class:`ModelHandle` (``options`` unused), else :func:`load_model` of it
+    with ``options``: what every call that takes "a model" accepts (None: the default packaged model)."""
+    return model if isinstance(model, ModelHandle) else load_model(model, **options)

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from constrain.decode.request import InFlight
 from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
 from constrain.generate import Request, admit, admit_beam_search
-from constrain.models.loading import ModelHandle
+from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from constrain.serving.engine import Engine
 from constrain.serving.protocol import (
@@ -87,22 +87,34 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
 class _Submission:
     """The requests of one HTTP call in the engine: results (and stream events) arrive on the event loop."""
 
-    def __init__(self, engine: Engine, requests: list[InFlight], *, stream: bool) -> None:
-        self.engine, self.requests = engine, requests
-        self._index = {id(r): i for i, r in enumerate(requests)}
+    def __init__(self, engine: Engine, *, stream: bool) -> None:
+        """Made on the event loop; :meth:`admit` then :meth:`submit` (admission runs on a worker thread)."""
+        self.engine, self.stream = engine, stream
+        self.requests: list[InFlight] = []
+        self._index: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, Any, Any]] = asyncio.Queue()
         self.finished = 0
-        if stream:
-            for i, r in enumerate(requests):
-                r.on_event = functools.partial(self._on_event, i, r)
-                r.partials = False  # the wire format has no partial values: skip parsing per token
-        engine.submit(requests, self._on_done)
 
-    def _on_event(self, index: int, r: InFlight, event: StreamEvent) -> None:  # on the engine thread
-        k, n = len(event.token_ids), len(r.output_ids)
-        scores = (event.token_ids, r.logprobs[n - k : n], r.top_logprobs[n - k : n]) if k and r.logprobs else None
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event, scores))
+    def admit(self, handle: ModelHandle, specs: list[Request]) -> list[list[InFlight]]:
+        """Each spec's requests (:func:`constrain.generate.admit`), their events (when streaming, without
+        partial values: the wire format has none) numbered in order across the specs."""
+        groups = []
+        for spec in specs:
+            base = sum(map(len, groups))
+            listener = functools.partial(self._on_event, base) if self.stream else None
+            groups.append(admit(handle, spec, on_event=listener, partials=False))
+        return groups
+
+    def submit(self, requests: list[InFlight]) -> None:
+        """Hand the admitted ``requests`` (all of :meth:`admit`'s, in order) to the engine."""
+        self.requests = requests
+        self._index = {id(r): i for i, r in enumerate(requests)}
+        self.engine.submit(requests, self._on_done)
+
+    def _on_event(self, base: int, k: int, event: StreamEvent) -> None:  # on the engine thread
+        scores = (event.token_ids, event.logprobs, event.top_logprobs) if event.token_ids and event.logprobs else None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (base + k, event, scores))
 
     def _on_done(self, r: InFlight, result: GenerationResult | BaseException) -> None:  # on the engine thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._index[id(r)], result, None))
@@ -221,9 +233,10 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
             return envelope("chat.completion", new_id("chatcmpl"), model_name, choices, usage=usage)
-        requests = await _admit(lambda: admit(handle, spec))  # compiles: a bad constraint fails here
+        submission = _Submission(engine, stream=body.stream)
+        (requests,) = await _admit(lambda: submission.admit(handle, [spec]))  # compiles: a bad constraint fails here
+        submission.submit(requests)
         calling = tools if tools is not None and tools.callable_tools else None
-        submission = _Submission(engine, requests, stream=body.stream)
         rid = new_id("chatcmpl")
         if body.stream:
             return _event_stream(submission, _chat_stream(submission, body, calling, handle, rid))
@@ -244,9 +257,9 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
                                         r.violations) for i, r in enumerate(beams)]  # fmt: skip
             return envelope("text_completion", new_id("cmpl"), model_name, choices,
                             usage=usage_json(prompt_tokens, beams))  # fmt: skip
-        groups = await _admit(lambda: [admit(handle, s) for s in specs])
-        requests = [r for group in groups for r in group]
-        submission = _Submission(engine, requests, stream=body.stream)
+        submission = _Submission(engine, stream=body.stream)
+        groups = await _admit(lambda: submission.admit(handle, specs))
+        submission.submit([r for group in groups for r in group])
         rid = new_id("cmpl")
         prompt_tokens = sum(len(group[0].prompt_ids) for group in groups)
         if body.stream:
@@ -375,9 +388,7 @@ def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_b
     """Load ``model`` (anything :func:`constrain.load_model` takes) and serve it until interrupted."""
     import uvicorn
 
-    from constrain.models.loading import load_model
-
-    handle = model if isinstance(model, ModelHandle) else load_model(model)
+    handle = model_handle(model)
     # Everything loaded so far (torch, transformers, the model: ~530,000 objects) lives as long as the
     # process; frozen, the collector's full passes skip it, which took 277 ms a pass and stalled every
     # request in the batch (measured with SmolLM2 loaded). Process-wide, so here and not in a library call.

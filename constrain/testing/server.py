@@ -5,7 +5,14 @@ The APIs in this module serve testing and measurement and are prone to change.
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from typing import Any
+
+import uvicorn
+
+from constrain.serving.server import create_app
 
 __all__ = ["LocalServer"]
 
@@ -18,14 +25,6 @@ class LocalServer:
     """
 
     def __init__(self, handle: Any, *, start_timeout_s: float = 60.0, **options: Any) -> None:
-        import socket
-        import threading
-        import time
-
-        import uvicorn
-
-        from constrain.serving.server import create_app
-
         self.app = create_app(handle, **options)
         self.model = handle.name
         self._socket = socket.socket()

@@ -8,6 +8,7 @@ import functools
 import importlib
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +112,17 @@ def test_stream_deltas_concatenate_to_the_result(tiny):
     assert any(e.partial for e in deltas)  # partial JSON while fields complete
 
 
+def test_stream_events_carry_their_tokens_logprobs(tiny):
+    events = list(stream(tiny, "JSON:", schema=SMALL, max_tokens=40, seed=3, logprobs=2))
+    final, deltas = events[-1], [e for e in events[:-1] if isinstance(e, constrain.StreamEvent)]
+    assert [t for e in deltas for t in e.token_ids] == final.token_ids
+    assert all(len(e.logprobs) == len(e.token_ids) for e in deltas)
+    assert [lp for e in deltas for lp in e.logprobs] == final.logprobs
+    assert [top for e in deltas for top in e.top_logprobs] == final.top_logprobs
+    assert all(e.logprobs is None for e in stream(tiny, "JSON:", schema=SMALL, max_tokens=40, seed=3)
+               if isinstance(e, constrain.StreamEvent))  # fmt: skip
+
+
 def test_async_variants(tiny):
     async def main():
         r = await agenerate(tiny, "Code:", regex=r"\d{2}", seed=4)
@@ -140,7 +152,7 @@ def test_bad_arguments_fail_before_generating(tiny):
 def test_default_model_end_to_end(smollm2):
     handle = smollm2
     prompt = [{"role": "user", "content": "Extract the person: Maria Lopez, 42, lives in Madrid. Answer in JSON."}]
-    schema = json.loads((constrain.models.loading.Path(__file__).parents[2] / "examples/data/person.json").read_text())
+    schema = json.loads((Path(__file__).parents[2] / "examples/data/person.json").read_text())
     r = generate(handle, prompt, schema=schema, max_tokens=80, temperature=0)
     assert r.valid and r.finish_reason == "stop"
     assert r.value["name"] == "Maria Lopez" and r.value["age"] == 42

@@ -58,7 +58,7 @@ def test_byte_lru_evicts_least_recent_and_never_caches_errors():
     with pytest.raises(KeyError):
         lru.get_or_create("d", lambda: {}["boom"])
     assert lru.get_or_create("d", lambda: "ok") == "ok"
-    assert lru.get_or_create("big", lambda: "x" * 11) == "x" * 11 and "big" not in lru._items
+    assert lru.get_or_create("big", lambda: "x" * 11) == "x" * 11 and "big" not in lru
 
 
 def test_matcher_api(smol_tokenizer):

@@ -106,12 +106,14 @@ def test_draft_model_reuses_its_cache_and_obeys_the_grammar(tiny, smol_tokenizer
     matcher = compiled.matcher()
     drafts = proposer.propose(prompt, [], 3, matcher)
     assert drafts and compiled.matcher().accept_tokens(drafts) == len(drafts)
-    seen, cache = proposer._caches[tuple(prompt)]
+    kept = proposer.cached(prompt)
+    assert kept is not None
+    seen, cache = kept
     assert cache.get_seq_length() == len(seen) >= len(prompt)
     proposer.propose(prompt, drafts[:1], 3, None)  # continues from the cached prefix
-    assert proposer._caches[tuple(prompt)][1] is cache
+    assert proposer.cached(prompt)[1] is cache  # type: ignore[index]
     proposer.propose([1, 2, 3], [], 2, None)
-    assert list(proposer._caches) == [(1, 2, 3)]  # max_cached=1: the older prompt's cache was dropped
+    assert proposer.cached_prompts == [(1, 2, 3)]  # max_cached=1: the older prompt's cache was dropped
 
 
 def test_draft_model_of_another_vocabulary_is_refused_up_front(tiny, sp_tokenizer):

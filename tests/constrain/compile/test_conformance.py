@@ -16,7 +16,7 @@ import pytest
 from constrain.testing import run_conformance
 
 SUITE = (
-    Path(__file__).resolve().parents[3] / "shared" / "conformance" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
+    Path(__file__).resolve().parents[4] / "shared" / "conformance" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
 )
 
 

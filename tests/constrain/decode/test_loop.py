@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import pytest
 import torch
 
 import constrain
+from constrain.decode.kv import MIN_PREFIX, longest_prefix, prefill_groups
 from constrain.decode.loop import DecodeLoop
 from constrain.generate import admit
 
@@ -108,11 +107,9 @@ def test_loop_timings_cover_every_stage(sharp, jump_forward):
 
 
 def test_prefill_groups_bound_the_padding(sharp):
-    from constrain.decode.kv import prefill_groups as _prefill_groups
-
     requests = sorted((admit(sharp, constrain.Request("x " * n))[0] for n in (1, 3, 30, 34, 200)),
                       key=lambda r: len(r.prompt_ids))  # fmt: skip
-    groups = [[len(r.prompt_ids) for r in g] for g in _prefill_groups(requests)]
+    groups = [[len(r.prompt_ids) for r in g] for g in prefill_groups(requests)]
     assert [len(g) for g in groups] == [2, 2, 1]
     assert [n for g in groups for n in g] == sorted(len(r.prompt_ids) for r in requests)
     assert all(max(g) <= 1.25 * min(g) + 8 for g in groups)
@@ -151,10 +148,8 @@ def test_prompts_sharing_a_prefix_are_prefilled_from_the_cache(sharp):
 
 
 def test_prefix_match_is_the_longest_common_prefix():
-    """The bisection in PrefixCache.match against a token-by-token reference, on random prompts."""
+    """The bisection of PrefixCache.match (longest_prefix) against a token-by-token reference, on random prompts."""
     import random
-
-    from constrain.decode.kv import MIN_PREFIX, PrefixCache
 
     def reference(keys, prompt):
         best = 0
@@ -164,11 +159,10 @@ def test_prefix_match_is_the_longest_common_prefix():
             best = max(best, n)
         return best if best >= MIN_PREFIX else 0
 
-    rng, cache = random.Random(0), PrefixCache()
+    rng = random.Random(0)
     for _ in range(2000):
         base = [rng.randrange(2) for _ in range(rng.randrange(1, 60))]
         keys = [tuple(base[: rng.randrange(len(base) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(20))])
                 for _ in range(3)]  # fmt: skip
         prompt = base[: rng.randrange(len(base) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(20))]
-        cache._entries = OrderedDict((key, []) for key in keys)
-        assert cache.match(prompt) == reference(keys, prompt), (keys, prompt)
+        assert longest_prefix(keys, prompt) == reference(keys, prompt), (keys, prompt)

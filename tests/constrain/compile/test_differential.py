@@ -30,7 +30,7 @@ from constrain.testing import (
     text_mutations,
 )
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "maskbench" / "dev.jsonl.gz"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "maskbench" / "dev.jsonl.gz"
 SAMPLE = 40
 """MaskBench dev schemas in the seeded sample (45 to 60 s on 2 shared CPU cores)."""
 SEED = 0
