@@ -41,7 +41,17 @@ from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from sampler import InvalidSamplingParamsError, SamplingParams
 
-__all__ = ["Request", "admit", "admit_beam_search", "agenerate", "astream", "generate", "prompt_ids", "stream"]
+__all__ = [
+    "Request",
+    "admit",
+    "admit_beam_search",
+    "agenerate",
+    "astream",
+    "generate",
+    "prompt_ids",
+    "resolve_constraint",
+    "stream",
+]
 
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when none is given."""
@@ -52,9 +62,11 @@ Prompt = str | Sequence[dict[str, str]]
 T = TypeVar("T")
 
 
-def _constraint(
+def resolve_constraint(
     schema: Any, regex_: str | None, grammar_: str | None, choices: Sequence[str] | None, constraint: Any
 ) -> Constraint | None:
+    """The constraint of a request's ``schema=``/``regex=``/``grammar=``/``choices=``/``constraint=`` (at most
+    one given; None: free text). A schema takes generation mode (:func:`~constrain.constraints.json_schema`)."""
     given = [x is not None for x in (schema, regex_, grammar_, choices, constraint)]
     if sum(given) > 1:
         raise ValueError("pass at most one of schema=, regex=, grammar=, choices=, constraint=")
@@ -146,7 +158,7 @@ def admit(
     outside = [t for t in params.logit_bias if not 0 <= t < handle.vocab_size]
     if outside:  # checked here: inside a batch it would fail every row of the step
         raise InvalidSamplingParamsError("logit_bias", outside[0], f"token ids in [0, {handle.vocab_size})")
-    constraint = _constraint(spec.schema, spec.regex, spec.grammar, spec.choices, spec.constraint)
+    constraint = resolve_constraint(spec.schema, spec.regex, spec.grammar, spec.choices, spec.constraint)
     compiled = None
     if constraint is not None:
         compiled = compile(

@@ -1,12 +1,12 @@
 """The protocol every grammar engine serves: a compiled grammar (shared) and a grammar state (per request).
 
-In the shape of vLLM's ``structured_output/backend_types.py``. An engine module
-(:mod:`~constrain.backends.xgrammar`, :mod:`~constrain.backends.llguidance`) turns
-engine-neutral input (EBNF text, a regex, a JSON schema's text) into a
-:class:`CompiledGrammar` for one tokenizer; each request takes a fresh
-:class:`GrammarState` from it. Everything above this layer (``match``,
-``compile``) speaks only these two protocols, and never asks which engine it has
-but through :attr:`CompiledGrammar.engine`.
+In the shape of vLLM's ``structured_output/backend_types.py``. Each engine module
+(:mod:`~constrain.backends.xgrammar`, :mod:`~constrain.backends.llguidance`) has a
+:class:`Backend` per tokenizer that turns engine-neutral input (EBNF text, a regex,
+a JSON schema's text) into a :class:`CompiledGrammar`; each request takes a fresh
+:class:`GrammarState` from it. Only ``constrain.compile`` calls an engine by name (to
+build grammars); the layers above speak these protocols alone, and never ask
+which engine they have but through :attr:`CompiledGrammar.engine`.
 
 Semantics every engine keeps (xgrammar's):
 
@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["CompiledGrammar", "GrammarState"]
+__all__ = ["Backend", "CompiledGrammar", "GrammarState"]
 
 
 class GrammarState(Protocol):
@@ -73,6 +73,21 @@ class GrammarState(Protocol):
         ...
 
 
+class Backend(Protocol):
+    """One engine for one tokenizer: compiles grammars (engine-specific calls) and fills masks in batches."""
+
+    def fill_next_token_bitmasks(
+        self,
+        states: Sequence[GrammarState],
+        # [B, ceil(V / 32)] int32, on the CPU
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+    ) -> None:
+        """Fill ``bitmask[rows[i]]`` for ``states[i]`` (states of grammars of this backend), all at once
+        where the engine can (the GIL is released). Does not change the states."""
+        ...
+
+
 class CompiledGrammar(Protocol):
     """A grammar compiled for one tokenizer: immutable, shareable across requests and threads."""
 
@@ -82,9 +97,9 @@ class CompiledGrammar(Protocol):
         ...
 
     @property
-    def backend(self) -> object:
+    def backend(self) -> Backend:
         """The engine for this grammar's tokenizer: states of grammars with one backend fill their masks
-        in one :meth:`fill_next_token_bitmasks` call."""
+        in one call."""
         ...
 
     @property
@@ -94,15 +109,4 @@ class CompiledGrammar(Protocol):
 
     def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
         """A fresh per-request state at the grammar's start (``-1``: unbounded rollback)."""
-        ...
-
-    def fill_next_token_bitmasks(
-        self,
-        states: Sequence[GrammarState],
-        # [B, ceil(V / 32)] int32, on the CPU
-        bitmask: torch.Tensor,
-        rows: Sequence[int],
-    ) -> None:
-        """Fill ``bitmask[rows[i]]`` for ``states[i]`` (states of this engine and tokenizer), all at once
-        where the engine can (the GIL is released). Does not change the states."""
         ...

@@ -151,15 +151,6 @@ class LlguidanceGrammar:
     def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
         return LlgState(self.template.deep_copy(), self.backend.tokenizer, self.backend.eos_token_ids)
 
-    def fill_next_token_bitmasks(
-        self,
-        states: Sequence[GrammarState],
-        # [B, ceil(V / 32)] int32, on the CPU
-        bitmask: torch.Tensor,
-        rows: Sequence[int],
-    ) -> None:
-        self.backend.fill_next_token_bitmasks(states, bitmask, rows)
-
 
 class LlguidanceBackend:
     """llguidance for one tokenizer: compiles grammars (about a millisecond), fills many masks at once.

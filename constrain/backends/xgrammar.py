@@ -171,15 +171,6 @@ class XGrammarGrammar:
             max_rollback_tokens=max_rollback_tokens,
         )
 
-    def fill_next_token_bitmasks(
-        self,
-        states: Sequence[GrammarState],
-        # [B, ceil(V / 32)] int32, on the CPU
-        bitmask: torch.Tensor,
-        rows: Sequence[int],
-    ) -> None:
-        self.backend.fill_next_token_bitmasks(states, bitmask, rows)
-
 
 class XGrammarBackend:
     """xgrammar for one tokenizer: compiles grammars, and fills many states' masks in one call.

@@ -34,7 +34,7 @@ from constrain.models import cost
 from constrain.models.loading import ModelHandle
 from sampler import Sampler, SamplingMetadata
 
-__all__ = ["DecodeLoop", "run"]
+__all__ = ["DecodeLoop", "project_only", "run"]
 
 
 class _Clock:
@@ -231,7 +231,7 @@ class DecodeLoop:
                 slot_row = [i for i, d in enumerate(self._drafts) for _ in range(len(d) + 1)]
                 slot_col = [j for d in self._drafts for j in range(len(d) + 1)]
                 slots = (torch.tensor(slot_row, device=self.device), torch.tensor(slot_col, device=self.device))
-            with _project_only(model, slots) as projected:
+            with project_only(model, slots) as projected:
                 out = model(input_ids=self._input_ids, attention_mask=self._mask, position_ids=self._positions,
                             use_cache=True, **{self._cache_keyword: self._cache})  # fmt: skip
             self._cache = getattr(out, self._cache_keyword)
@@ -330,7 +330,7 @@ class DecodeLoop:
 
 
 @contextlib.contextmanager
-def _project_only(
+def project_only(
     model: Any,
     # ([P] long, [P] long): the (row, column) of each slot whose logits are needed, or None for all
     slots: tuple[torch.Tensor, torch.Tensor] | None,

@@ -287,6 +287,6 @@ def fill_next_token_bitmasks(
         states.append(matcher._grammar_state)
         at.append(row)
     for grammar, states, at in groups.values():
-        grammar.fill_next_token_bitmasks(states, bitmask, at)
+        grammar.backend.fill_next_token_bitmasks(states, bitmask, at)
     for matcher, row in zip(matchers, rows, strict=True):
         matcher._check_row(bitmask[row])

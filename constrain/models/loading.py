@@ -24,6 +24,7 @@ __all__ = [
     "PACKAGED_MODELS",
     "ModelHandle",
     "ModelNotFoundError",
+    "PrepackedLinear",
     "cache_dir",
     "end_token_ids",
     "gguf_path",
@@ -172,7 +173,7 @@ def default_dtype(device: Any) -> Any:
     return torch.float32
 
 
-class _PrepackedLinear:
+class PrepackedLinear:
     """The forward of one ``torch.nn.Linear`` on the CPU, through oneDNN with its weight packed once.
 
     ``F.linear`` hands oneDNN's matmul the weight in its plain layout at every call. Here it is
@@ -218,11 +219,11 @@ class _PrepackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_PrepackedLinear, (self._module(),))
+        return (PrepackedLinear, (self._module(),))
 
 
 def prepack_linears(model: Any) -> int:
-    """Run every ``torch.nn.Linear`` of ``model`` through :class:`_PrepackedLinear` (its weights
+    """Run every ``torch.nn.Linear`` of ``model`` through :class:`PrepackedLinear` (its weights
     packed now); returns how many. Changes the modules' ``forward``, not their parameters.
 
     Measured with SmolLM2-135M in bfloat16 on this project's 2-core AVX512-BF16 CPU, 1 thread
@@ -234,8 +235,8 @@ def prepack_linears(model: Any) -> int:
 
     count = 0
     for module in model.modules():
-        if type(module) is torch.nn.Linear and not isinstance(module.forward, _PrepackedLinear):
-            forward = _PrepackedLinear(module)
+        if type(module) is torch.nn.Linear and not isinstance(module.forward, PrepackedLinear):
+            forward = PrepackedLinear(module)
             module.forward = forward  # type: ignore[method-assign,assignment]
             with torch.no_grad():
                 forward(module.weight.new_zeros(1, module.in_features))  # packs now, not in the first step

@@ -99,7 +99,7 @@ class _Submission:
     def admit(self, handle: ModelHandle, specs: list[Request]) -> list[list[InFlight]]:
         """Each spec's requests (:func:`constrain.generate.admit`), their events (when streaming, without
         partial values: the wire format has none) numbered in order across the specs."""
-        groups = []
+        groups: list[list[InFlight]] = []
         for spec in specs:
             base = sum(map(len, groups))
             listener = functools.partial(self._on_event, base) if self.stream else None

@@ -67,7 +67,7 @@ def test_both_engines_allow_the_text_and_fill_in_one_call(smol_tokenizer) -> Non
             for state in states:
                 assert all(state.accept_token(t) for t in tokens[:step])
             batched = allocate_token_bitmask(3, info.vocab_size)  # [3, ceil(V / 32)] int32
-            grammar.fill_next_token_bitmasks(states, batched, [2, 0])
+            grammar.backend.fill_next_token_bitmasks(states, batched, [2, 0])
             assert torch.equal(batched[2], _allowed(states[0], info.vocab_size)), "a batched row is the state's"
             assert torch.equal(batched[0], batched[2]) and bool((batched[1] == -1).all()), "only the rows named"
             allowed = set(allowed_ids(batched[2]))

@@ -178,10 +178,10 @@ def test_formatting_is_forced_text(smol_tokenizer, engine):
 
 def test_generation_defaults_everywhere(tiny):
     """Python API, server (json_schema without strict, json_object) and tools take generation mode."""
-    from constrain.generate import _constraint
+    from constrain.generate import resolve_constraint
     from constrain.tools.calling import tool_calling
 
-    assert _constraint(PROFILE, None, None, None, None) == constrain.json_schema(PROFILE)
+    assert resolve_constraint(PROFILE, None, None, None, None) == constrain.json_schema(PROFILE)
     body = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}],
          "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PROFILE}}}

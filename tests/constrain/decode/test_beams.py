@@ -311,11 +311,11 @@ def test_server_refuses_bad_beam_options(server, extra, param):
 def test_the_loops_projection_hook_leaves_other_threads_alone(tiny):
     """The decode loop narrows the output layer to its draft slots during its forward; a beam search on
     the server's worker thread, running the same model at that moment, must get every position."""
-    from constrain.decode.loop import _project_only
+    from constrain.decode.loop import project_only
 
     slots = (torch.tensor([0]), torch.tensor([1]))
     ids = torch.tensor([tiny.tokenizer.encode(PROMPT)])  # [1, T]
-    with torch.inference_mode(), _project_only(tiny.model, slots) as projected:
+    with torch.inference_mode(), project_only(tiny.model, slots) as projected:
         assert projected and tiny.model(input_ids=ids).logits.shape[:2] == (1, 1)  # this thread: narrowed
         with ThreadPoolExecutor(1) as pool:
             other = pool.submit(lambda: tiny.model(input_ids=ids).logits.shape[:2]).result()

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
-from constrain.models.loading import ModelNotFoundError, _PrepackedLinear, cache_dir, default_dtype, prepack_linears
+from constrain.models.loading import ModelNotFoundError, PrepackedLinear, cache_dir, default_dtype, prepack_linears
 
 
 @pytest.mark.real_model
@@ -88,11 +88,11 @@ def test_prepacked_linears_follow_their_weights():
 def test_load_model_prepacks_bfloat16_on_a_native_cpu(smol_tokenizer):
     native = default_dtype("cpu") == torch.bfloat16
     handle = constrain.load_model((_tiny_llama(torch.bfloat16), smol_tokenizer))
-    assert isinstance(handle.model.lm_head.forward, _PrepackedLinear) == native
+    assert isinstance(handle.model.lm_head.forward, PrepackedLinear) == native
     handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer))
-    assert not isinstance(handle.model.lm_head.forward, _PrepackedLinear)
+    assert not isinstance(handle.model.lm_head.forward, PrepackedLinear)
     handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer), prepack=True)
-    assert isinstance(handle.model.lm_head.forward, _PrepackedLinear)
+    assert isinstance(handle.model.lm_head.forward, PrepackedLinear)
 
 
 def test_prepacked_linears_fall_back_where_onednn_cannot_pack(monkeypatch):
