@@ -68,7 +68,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
-from constrain.models.loading import _PrepackedLinear, default_dtype, prepack_linears  # noqa: E402
+from constrain.models.loading import PrepackedLinear, default_dtype, prepack_linears  # noqa: E402
 
 BATCHES = (1, 8)
 COMPILE_LIMIT_S = 180
@@ -381,7 +381,7 @@ def main() -> None:
               f"torch's CPU capability: {torch.backends.cpu.get_cpu_capability()}")  # fmt: skip
     picked = default_dtype("cpu")
     loaded = constrain.load_model().model
-    packed = isinstance(loaded.lm_head.forward, _PrepackedLinear)
+    packed = isinstance(loaded.lm_head.forward, PrepackedLinear)
     print(f"load_model picks {_name(picked)}, {loaded.config._attn_implementation} attention, "
           f"{'prepacked' if packed else 'plain'} linear layers and torch's default threads")  # fmt: skip
     del loaded
