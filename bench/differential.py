@@ -2,7 +2,7 @@
 
 For each MaskBench dev schema (a seeded sample), in both ``json_schema`` modes, compile with
 ``engine="xgrammar"`` and ``engine="llguidance"``; walk every text through both engines' masks
-(``constrain.testing.differential.walk``, then ``is_completed``) and count where one accepts and the other
+(``constrain.testing.matching.walk``, then ``is_completed``) and count where one accepts and the other
 rejects. Texts: MaskBench's instances, a few drawn by hypothesis-jsonschema, and labelled
 mutations of a valid one (see ``constrain.testing.differential.run_differential``). Disagreements are
 classified by likely cause, with examples in the ``--out`` report.

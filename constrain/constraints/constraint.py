@@ -106,7 +106,7 @@ class Regex:
 class EmbeddedJson:
     """JSON values inside a grammar's text, each checked against a schema as it is written: after
     ``trigger`` has appeared, each ``opener + name + name_end`` starts a value of ``schemas[name]``.
-    Tool calls (:mod:`constrain.tools.calling`) spell their arguments so; the grammar holds each schema as a
+    Tool calls (:mod:`constrain.tools.grammar`) spell their arguments so; the grammar holds each schema as a
     (possibly looser) rule, and the matcher enforces what the rule cannot (:mod:`constrain.match.values`)."""
 
     trigger: str

@@ -39,9 +39,9 @@ def resolve_local(root: Any, ref: str) -> Any:
     return node
 
 
-def pointer_token(name: str) -> str:
-    """``name`` as one JSON pointer reference token: ``~`` becomes ``~0``, ``/`` becomes ``~1``."""
-    return name.replace("~", "~0").replace("/", "~1")
+def pointer_token(key: str | int) -> str:
+    """``key`` as one RFC 6901 JSON pointer reference token: ``~`` becomes ``~0``, ``/`` becomes ``~1``."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 _SIMPLE_REF = re.compile(r"#/(\$defs|definitions)/[A-Za-z0-9_.-]+")

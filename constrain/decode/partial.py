@@ -48,7 +48,9 @@ from typing import Any
 
 import pydantic
 
-__all__ = ["PartialJson", "pointer_token", "resolve"]
+from constrain.constraints.schema_refs import pointer_token
+
+__all__ = ["PartialJson", "resolve"]
 
 _MISSING: Any = object()
 """No value (distinct from JSON null)."""
@@ -62,11 +64,6 @@ _STRING_STOP = re.compile(r'["\\]')
 _VALUE, _FIRST_ITEM, _KEY, _FIRST_KEY, _COLON, _AFTER = range(6)
 # inside a token
 _STRING, _KEY_STRING, _SCALAR = range(6, 9)
-
-
-def pointer_token(key: str | int) -> str:
-    """``key`` as one RFC 6901 reference token: ``~`` becomes ``~0``, ``/`` becomes ``~1``."""
-    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 class PartialJson:

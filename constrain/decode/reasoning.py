@@ -17,7 +17,7 @@ What the mask does while the model thinks (:class:`Thinking`):
 - The thinking has its own budget (``max_tokens``, tags included; default: the request's
   ``max_tokens``, so a request generates at most twice that). When only the end tag still fits, the
   end tag is forced, token by token. ``max_tokens`` keeps bounding the answer alone, so the budget's
-  closing path (:class:`~constrain.match.closing.Budget`) still ends it complete and valid.
+  closing path (:class:`~constrain.match.budget.Budget`) still ends it complete and valid.
 
 The tags come from :class:`Reasoning` where given; else from the chat template (:data:`KNOWN_TAGS`,
 the first pair whose tags the template or the vocabulary holds); else ``<think>``/``</think>``, which

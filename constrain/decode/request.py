@@ -39,7 +39,7 @@ GUARD_WINDOW = 4096
 class MaskFilter(Protocol):
     """A constraint's own filter of one request's masks, applied after the grammar's (and the repetition
     guard's): a constraint offers one with a ``mask_filter(tokenizer_info)`` method, such as the
-    grammar of a reply with tools (:class:`~constrain.tools.calling.ToolGrammar`, which forbids repeating a call).
+    grammar of a reply with tools (:class:`~constrain.tools.grammar.ToolGrammar`, which forbids repeating a call).
     """
 
     def feed(self, text: str) -> None:

@@ -1,7 +1,7 @@
 """Draft proposers for speculative decoding: where the grammar forces nothing, a proposer guesses the
 next tokens, and the loop verifies them in the same forward pass as the real next token.
 
-Verification (in :func:`constrain.generate._run`) runs the sampler at every draft position exactly as
+Verification (in :class:`constrain.decode.loop.DecodeLoop`) runs the sampler at every draft position exactly as
 plain decoding would and keeps a draft only while the sampled token equals it. Proposers here are
 deterministic (a lookup, or a greedy draft model), so that rule accepts a draft with the probability
 rejection sampling would (``p(draft)``) and the output keeps plain decoding's distribution; for a

@@ -11,10 +11,10 @@ can give:
   re-estimated near the end (every step once the tokens left come down to twice its length plus
   ``NEAR``); there, where at most :data:`VET_TOKENS` tokens are allowed, each is kept only if a closing
   fits after it, and once the tokens left come down to its length plus :data:`SLACK` the mask allows
-  only its next token. Unlike the loop's :class:`~constrain.match.closing.Budget`, which vets the sampled
+  only its next token. Unlike the loop's :class:`~constrain.match.budget.Budget`, which vets the sampled
   token, a mask cannot see it: where many tokens are allowed near the end, one that lengthens the
   closing path by more than ``SLACK`` tokens can still run the output past ``max_tokens``;
-- the repetition guard (:class:`~constrain.match.closing.RepetitionGuard`) for JSON and tool constraints.
+- the repetition guard (:class:`~constrain.match.repetition.RepetitionGuard`) for JSON and tool constraints.
 
 Per-request arguments arrive as a mapping, or its JSON text (:func:`guide_spec`), so that a server's
 string-valued extra arguments can carry a schema.

@@ -45,7 +45,7 @@ tried, without the forced text."""
 
 
 class CallParser(Protocol):
-    """What the filter needs of :class:`constrain.tools.calling.ToolCallParser` (which imports this module)."""
+    """What the filter needs of :class:`constrain.tools.parser.ToolCallParser`."""
 
     def feed(self, text: str) -> Any: ...
 
@@ -84,7 +84,7 @@ def _key(name: str, arguments: str) -> tuple[str, str]:
 class RepeatedCallFilter:
     """Forbids the tokens that would complete a tool call identical to an earlier one of the same reply
     (see the module docstring). One per request; built by
-    :meth:`constrain.tools.calling.ToolGrammar.mask_filter`.
+    :meth:`constrain.tools.grammar.ToolGrammar.mask_filter`.
 
     ``feed(text)`` takes each piece of text the request generates; ``apply(matcher, text, row)``
     filters a filled mask. ``steps`` counts the masks it changed.

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import constrain
-from constrain.decode.partial import PartialJson, pointer_token, resolve
+from constrain.constraints.schema_refs import pointer_token
+from constrain.decode.partial import PartialJson, resolve
 
 # --- a reference: the JSON text written with the span of every value -------------------------------
 
