@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from constrain.backends.tokenizer import tokenizer_info
 from constrain.compile.compiler import compile
@@ -30,6 +29,7 @@ from constrain.constraints.constraint import (
 from constrain.decode.beams import BeamSearch, check_beam_options, check_sampling
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.drafts import resolve_proposer
+from constrain.decode.feed import Feed
 from constrain.decode.loop import run as _run
 from constrain.decode.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
 from constrain.decode.request import InFlight
@@ -58,8 +58,6 @@ DEFAULT_MAX_TOKENS = 256
 
 Prompt = str | Sequence[dict[str, str]]
 """A completion prompt, or chat messages (``[{"role": ..., "content": ...}]``) for the chat template."""
-
-T = TypeVar("T")
 
 
 def resolve_constraint(
@@ -252,41 +250,6 @@ def _requests(prompt: Any, options: dict[str, Any], names: Collection[str]) -> t
     return specs, single
 
 
-class _Feed(Generic[T]):
-    """Items a worker thread produces, handed to the caller's thread as they come."""
-
-    def __init__(self) -> None:
-        self._items: queue.SimpleQueue[tuple[T] | None] = queue.SimpleQueue()  # None: the work ended
-
-    def put(self, item: T) -> None:
-        """Hand ``item`` over (from any thread)."""
-        self._items.put((item,))
-
-    def run(self, work: Callable[[threading.Event], None]) -> Iterator[T]:
-        """Run ``work(cancelled)`` on a daemon thread and yield what it puts, as it puts it; then raise
-        what it raised, if anything. Closing the iterator early (or its garbage collection) sets
-        ``cancelled``, for the work to stop soon after."""
-        failure: list[BaseException] = []
-        cancelled = threading.Event()
-
-        def worker() -> None:
-            try:
-                work(cancelled)
-            except BaseException as err:
-                failure.append(err)
-            finally:
-                self._items.put(None)
-
-        threading.Thread(target=worker, name="constrain-stream", daemon=True).start()
-        try:
-            while (box := self._items.get()) is not None:
-                yield box[0]
-        finally:  # the caller closed the iterator early (or it was collected): stop the work for nobody
-            cancelled.set()
-        if failure:
-            raise failure[0]
-
-
 def generate(
     model: Any,
     prompt: Prompt | Sequence[Prompt],
@@ -389,7 +352,7 @@ def stream(
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
     if "num_beams" in options or specs[0].num_beams != 1:
         raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
-    feed: _Feed[StreamEvent] = _Feed()
+    feed: Feed[StreamEvent] = Feed()
     requests = admit(handle, specs[0], on_event=lambda _, event: feed.put(event))
     resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
 

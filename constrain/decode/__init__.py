@@ -2,6 +2,7 @@
 
 from constrain.decode.beams import BeamSearch
 from constrain.decode.detokenizer import IncrementalDetokenizer
+from constrain.decode.feed import Feed
 from constrain.decode.kv import PrefixCache
 from constrain.decode.loop import DecodeLoop, run
 from constrain.decode.partial import PartialJson, resolve
@@ -14,6 +15,7 @@ __all__ = [
     "BeamSearch",
     "DecodeLoop",
     "DraftModelProposer",
+    "Feed",
     "InFlight",
     "IncrementalDetokenizer",
     "MaskFilter",
