@@ -103,28 +103,30 @@ class Engine:
 
     def _serve(self) -> None:
         loop = self._new_loop()
-        while True:
-            if not self._take(loop, block=not loop.busy and not self._waiting):
-                for r, done in self._waiting + list(self._running.values()):
-                    loop.cancel(r)
-                    done(r, r.result())
-                loop.close()
-                return
-            try:
-                loop.step()
-                self.steps += 1
-            except Exception as err:  # a failed step: end what ran in it, keep serving
-                for r, done in self._running.values():
-                    done(r, err)
-                self._running.clear()
-                loop.close()
-                loop = self._new_loop()
-            for key, (r, done) in list(self._running.items()):
-                if r.finish_reason is not None:
-                    del self._running[key]
-                    done(r, r.result())
-            with self._changed:
-                self._changed.notify_all()
+        try:
+            while True:
+                if not self._take(loop, block=not loop.busy and not self._waiting):
+                    for r, done in self._waiting + list(self._running.values()):
+                        loop.cancel(r)
+                        done(r, r.result())
+                    return
+                try:
+                    loop.step()
+                    self.steps += 1
+                except Exception as err:  # a failed step: end what ran in it, keep serving
+                    for r, done in self._running.values():
+                        done(r, err)
+                    self._running.clear()
+                    loop.close()
+                    loop = self._new_loop()
+                for key, (r, done) in list(self._running.items()):
+                    if r.finish_reason is not None:
+                        del self._running[key]
+                        done(r, r.result())
+                with self._changed:
+                    self._changed.notify_all()
+        finally:  # also when a callback raised and ends this thread: the loop's mask thread goes with it
+            loop.close()
 
     def _take(self, loop: DecodeLoop, *, block: bool) -> bool:
         """Move the inbox into the loop (submissions up to ``max_batch``, cancellations); False on close."""
