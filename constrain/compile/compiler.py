@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -186,6 +187,7 @@ _BUILDERS = {"xgrammar": _build_xgrammar, "llguidance": _build_llguidance, "auto
 def _in_background(work: Any, timeout_s: float) -> CompiledConstraint:
     """``work()`` on a thread of its own, waited for ``timeout_s`` seconds; past it, the thread finishes
     (and caches its result) while :class:`CompileError` is raised."""
+    deadline = time.monotonic() + timeout_s  # the budget counts from the call, thread start included
     future: Future[CompiledConstraint] = Future()
 
     def run() -> None:
@@ -196,7 +198,7 @@ def _in_background(work: Any, timeout_s: float) -> CompiledConstraint:
 
     threading.Thread(target=run, name="constrain-compile", daemon=True).start()
     try:
-        return future.result(timeout=timeout_s)
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
     except FutureTimeout as err:
         raise CompileError(f"compiling took longer than the budget of {timeout_s:g} s") from err
 
