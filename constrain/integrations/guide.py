@@ -34,7 +34,7 @@ from constrain.compile.compiler import compile
 from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.request import GUARD_WINDOW
-from constrain.match.bitmask import clear_bits
+from constrain.match.bitmask import clear_bits, set_bits
 from constrain.match.budget import NEAR, Budget
 from constrain.match.closing import completion
 from constrain.match.matcher import Matcher
@@ -267,6 +267,4 @@ def allow_only(
 ) -> None:
     """Allow exactly ``tokens`` in ``row``."""
     row.zero_()
-    words = row.numpy()  # a view: writes go to ``row``
-    for token in tokens:
-        words[token >> 5] |= (1 << (token & 31)) - (1 << 32 if token & 31 == 31 else 0)
+    set_bits(row, tokens)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from constrain.compile.compiler import CompiledConstraint
-from constrain.match.bitmask import allocate_token_bitmask
+from constrain.match.bitmask import allocate_token_bitmask, is_allowed
 from constrain.match.bitmask import allowed_ids as row_allowed_ids
 from constrain.match.matcher import Matcher
 
@@ -36,7 +36,7 @@ def walk(compiled: CompiledConstraint, ids: list[int]) -> tuple[bool, Matcher]:
     bitmask = allocate_token_bitmask(1, compiled.vocab_size)
     for token in ids:
         matcher.fill_next_token_bitmask(bitmask)
-        if not (int(bitmask[0, token // 32]) >> (token % 32)) & 1 or not matcher.accept_token(token):
+        if not is_allowed(bitmask[0], token) or not matcher.accept_token(token):
             return False, matcher
     return True, matcher
 
