@@ -14,7 +14,6 @@ error state), and ``is_terminated`` means an EOS token was accepted.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Collection, Sequence
 from concurrent.futures import Future
@@ -24,6 +23,7 @@ import llguidance
 import torch
 
 from constrain.backends.base import GrammarState
+from constrain.caches import bounded
 
 __all__ = ["UNKNOWN_FORMATS", "LlguidanceBackend", "LlguidanceGrammar", "json_schema_grammar", "regex_grammar"]
 
@@ -57,7 +57,7 @@ def json_schema_grammar(schema_json: str, *, separators: tuple[str, str] | None,
     return str(llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=options))  # type: ignore[arg-type]
 
 
-@functools.cache
+@bounded("backends.llguidance_escapes", maxsize=1)
 def _knows_general_escapes() -> bool:
     """Whether this llguidance takes ``json_allow_general_unicode_escapes`` (1.8 on; vLLM 0.32 pins 1.7,
     whose JSON strings then refuse ``\\u`` escapes of surrogates, a safe subset)."""

@@ -7,7 +7,6 @@ tokenizer-dependent work; :func:`constrain.compile` does that, cached.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -223,7 +222,7 @@ def _is_python_regex(pattern: str) -> bool:
     return True
 
 
-@functools.cache
+@bounded("constraints.metaschema", maxsize=1)
 def _metaschema() -> Any:
     """The draft 2020-12 metaschema as a jsonschema-rs validator, with ``regex`` checked by Python's ``re``
     as python-jsonschema does (it then agrees with ``check_schema`` on all 6,101 schemas of MaskBench and

@@ -255,9 +255,9 @@ class BeamSearch:
         if self.compiled is not None:
             matchers = [b.matcher for b in live if b.matcher is not None]  # (all of them)
             bitmask = allocate_token_bitmask(w, vocab)  # [w, ceil(V / 32)] int32
-            fill_next_token_bitmasks(matchers, bitmask)
-            for row, m in enumerate(matchers):
-                if m.dead_ends and m.dead_ends[-1] == m.num_accepted:
+            dead_ends = fill_next_token_bitmasks(matchers, bitmask)
+            for row, dead in enumerate(dead_ends):
+                if dead:
                     bitmask[row].zero_()  # no allowed token can make a valid value: the beam dies here
             bitmask = bitmask.to(logits.device)
         scores = torch.tensor([[b.logprob for b in live]], device=logits.device)  # [1, w]

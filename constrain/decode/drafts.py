@@ -2,8 +2,9 @@
 
 Where the grammar forces text (``{"name": "``, a closing quote), that text is the draft
 (jump-forward); elsewhere a :class:`~constrain.decode.speculative.Proposer` guesses (speculative
-decoding). Either way the draft is pruned to what the grammar accepts, and the
-:class:`~constrain.decode.loop.DecodeLoop` keeps a draft token only where the sampler drew it.
+decoding). Either way the draft is pruned to what the grammar accepts and stops short of a token that
+ends the request, and the :class:`~constrain.decode.loop.DecodeLoop` keeps a draft token only where
+the sampler drew it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ MAX_DRAFT = 16
 def next_drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> tuple[list[int], bool]:
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
     (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
-    accepts, and to the tokens ``r`` may still write. Changes nothing of ``r`` (the grammar's checks run
-    on forks of its matcher)."""
+    accepts, to no token that ends the request, and to the tokens ``r`` may still write. Changes nothing
+    of ``r`` (the grammar's checks run on forks of its matcher)."""
     room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
     if r.finish_reason is not None or room <= 0 or r.thinks:
         return [], False
@@ -35,9 +36,19 @@ def next_drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Propo
         ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     else:
         return [], False
-    if r.matcher is not None:
-        ids = ids[: r.matcher.fork().accept_tokens(ids)]
-    return ids, bool(forced)
+    return _feedable(r, ids), bool(forced)
+
+
+def _feedable(r: InFlight, ids: list[int]) -> list[int]:
+    """The longest prefix of ``ids`` worth feeding after ``r``'s last token: each token accepted by the
+    grammar, and none that ends the request (an EOS id, or a token that terminates the grammar, such as
+    a tool grammar's end of turn), since nothing may follow it and its slot's mask would be asked of a
+    terminated matcher."""
+    probe = r.matcher.fork() if r.matcher is not None else None
+    for count, token in enumerate(ids):
+        if token in r.eos or (probe is not None and (not probe.accept_token(token) or probe.is_terminated())):
+            return ids[:count]
+    return ids
 
 
 def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:

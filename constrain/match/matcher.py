@@ -12,7 +12,7 @@ The loop a matcher serves, per decode step:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import torch
@@ -20,7 +20,7 @@ import torch
 from constrain.backends.base import CompiledGrammar, GrammarState
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.constraint import Constraint
-from constrain.match.bitmask import allocate_token_bitmask, clear_bits
+from constrain.match.bitmask import allocate_token_bitmask, clear_bits, set_bits
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.embedded import CallValues
 from constrain.match.keys import KeyState
@@ -66,9 +66,15 @@ class Matcher:
     would complete a key its object already has. Where the schema has keywords beyond the grammar
     (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token masks out
     and refuses any token that would complete a value that cannot be valid, unless no allowed token is
-    left: that step is a *dead end* (``dead_ends``), the mask stays the grammar's and the value is
-    taken as it comes. A fork made for a search (``fork(search=True)``) does not look ahead, and allows
-    nothing at a dead end: the search backs out of it instead.
+    left: that step is a *dead end*, the mask stays the grammar's and the token is taken as it comes
+    (:meth:`accept_token` records the step in ``dead_ends``). A fork made for a search
+    (``fork(search=True)``) does not look ahead, and allows nothing at a dead end: the search backs out
+    of it instead.
+
+    Filling a mask never changes the matcher: whether a step is a dead end is a function of its state,
+    worked out again by :meth:`accept_token` when the strict checks refuse a token. So a mask filled on
+    a fork (a draft's slot) and one filled on the matcher itself agree, and so do the tokens they take.
+    A terminated matcher (EOS accepted) allows EOS only; the grammar engines are not asked for its mask.
     """
 
     def __init__(self, compiled: Compiled, *, max_rollback_tokens: int = -1) -> None:
@@ -83,7 +89,7 @@ class Matcher:
         self._values: list[ValueState | CallValues] | None = (
             None if checks is None else [checks.initial_state(compiled.tokenizer)]
         )
-        self.dead_ends: list[int] = []  # the steps (accepted-token counts) where no allowed token was valid
+        self.dead_ends: list[int] = []  # the steps (accepted-token counts) whose token was taken at a dead end
         self._eos = compiled.tokenizer.eos_token_ids
         self.searching = False  # a search's fork: no look-ahead, and nothing allowed at a dead end (see the class)
 
@@ -100,6 +106,9 @@ class Matcher:
         """
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
+        if self.is_terminated():
+            _eos_only(bitmask[index], self._eos)
+            return True
         restricts = bool(self._grammar_state.fill_next_token_bitmask(bitmask, index))
         self._check_row(bitmask[index])
         return restricts or self._keys is not None or self._values is not None
@@ -108,19 +117,28 @@ class Matcher:
         self,
         # [ceil(V / 32)] int32, a filled row; updated in place
         row: torch.Tensor,
-    ) -> None:
-        """Clear from a filled row the tokens the key and value scanners refuse (see the class)."""
+    ) -> bool:
+        """Clear from a filled row the tokens the key and value scanners refuse (see the class); returns
+        whether this step is a dead end (the row is then the grammar's, or empty on a search's fork)."""
         if self._keys is not None:
             self._keys[-1].forbid_duplicates(row)
-        if self._values is not None:
-            budget = [LOOKAHEAD_PROBES]
-            viable = None if self.searching else (lambda token: self._viable(token, 2, budget))
-            found = self._values[-1].forbid_violations(row, self._eos, viable)
-            if found == DEAD_END and self.searching:
-                row.zero_()
-            elif found == DEAD_END:
-                if not self.dead_ends or self.dead_ends[-1] != self.num_accepted:
-                    self.dead_ends.append(self.num_accepted)
+        if self._values is None:
+            return False
+        budget = [LOOKAHEAD_PROBES]
+        viable = None if self.searching else (lambda token: self._viable(token, 2, budget))
+        dead_end = self._values[-1].forbid_violations(row, self._eos, viable) == DEAD_END
+        if dead_end and self.searching:
+            row.zero_()
+        return dead_end
+
+    def at_dead_end(self) -> bool:
+        """Whether no token the grammar allows now can lead to a valid value (see the class). Fills a
+        mask of its own; does not change the matcher state."""
+        if self._values is None or self.is_terminated():
+            return False
+        row = allocate_token_bitmask(1, self.compiled.vocab_size)  # [1, ceil(V / 32)] int32
+        self._grammar_state.fill_next_token_bitmask(row, 0)
+        return self._check_row(row[0])
 
     def _viable(self, token_id: int, depth: int, budget: list[int]) -> bool:
         """Whether something valid can follow ``token_id``: the text the grammar forces after it completes
@@ -129,7 +147,7 @@ class Matcher:
         if token_id in self._eos or budget[0] <= 0:
             return True
         budget[0] -= 1
-        probe = self.fork()
+        probe = self.fork(search=True)  # strict: a probe takes no token at a dead end (nor works one out)
         if not probe.accept_token(token_id):
             return False
         forced = str(probe._grammar_state.find_jump_forward_string()).encode()
@@ -146,17 +164,24 @@ class Matcher:
         complete a duplicate key, or a value the schema forbids (unless this step is a dead end)."""
         token_id = int(token_id)
         keys = values = None
+        stuck = False  # a dead end (see the class): the value is taken as it comes
         if token_id < self.compiled.vocab_size:  # an id past the tokenizer's (padding) holds no text
             if self._keys is not None and (keys := self._keys[-1].advance(token_id)) is None:
                 return False
             if self._values is not None:
-                stuck = not self.searching and bool(self.dead_ends) and self.dead_ends[-1] == self.num_accepted
-                if (values := self._values[-1].advance(token_id, strict=not stuck)) is None:
-                    return False
-                if token_id in self.compiled.tokenizer.eos_token_ids and not stuck and not values.can_end():
+                state = self._values[-1]
+                values = state.advance(token_id, strict=True)
+                if values is not None and token_id in self._eos and not values.can_end():
+                    values = None
+                stuck = values is None and not self.searching and self.at_dead_end()
+                if stuck:
+                    values = state.advance(token_id, strict=False)
+                if values is None:
                     return False
         if not self._grammar_state.accept_token(token_id):
             return False
+        if stuck:
+            self.dead_ends.append(self.num_accepted)
         if self._keys is not None:
             self._keys.append(keys or self._keys[-1])
         if self._values is not None:
@@ -196,7 +221,7 @@ class Matcher:
             del self._keys[-num_tokens:]
         if self._values is not None and num_tokens:
             del self._values[-num_tokens:]
-        while self.dead_ends and self.dead_ends[-1] > self.num_accepted:
+        while self.dead_ends and self.dead_ends[-1] >= self.num_accepted:  # the tokens taken there are undone
             self.dead_ends.pop()
 
     def is_terminated(self) -> bool:
@@ -270,10 +295,12 @@ def fill_next_token_bitmasks(
     # [B, ceil(V / 32)] int32, on the CPU
     bitmask: torch.Tensor,
     indices: Sequence[int] | None = None,
-) -> None:
+) -> list[bool]:
     """Fill ``bitmask[indices[i]]`` for ``matchers[i]``, all at once across threads (the GIL is released).
 
-    ``indices`` defaults to ``range(len(matchers))``. Does not change the matchers' state.
+    ``indices`` defaults to ``range(len(matchers))``. Returns, per matcher, whether it is at a dead end
+    of its value checks (its row is then the grammar's: see :class:`Matcher`). Does not change the
+    matchers' state.
     """
     if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
         raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
@@ -281,12 +308,27 @@ def fill_next_token_bitmasks(
         raise ValueError(f"{len(indices)} indices for {len(matchers)} matchers")
     rows = list(indices) if indices is not None else list(range(len(matchers)))
     groups: dict[int, tuple[CompiledGrammar, list[GrammarState], list[int]]] = {}  # by backend: one call each
+    live: list[tuple[Matcher, int]] = []
     for matcher, row in zip(matchers, rows, strict=True):
+        if matcher.is_terminated():  # its engine would refuse: EOS only
+            _eos_only(bitmask[row], matcher._eos)
+            continue
         grammar = matcher.compiled.grammar
         _, states, at = groups.setdefault(id(grammar.backend), (grammar, [], []))
         states.append(matcher._grammar_state)
         at.append(row)
+        live.append((matcher, row))
     for grammar, states, at in groups.values():
         grammar.backend.fill_next_token_bitmasks(states, bitmask, at)
-    for matcher, row in zip(matchers, rows, strict=True):
-        matcher._check_row(bitmask[row])
+    dead = {row for matcher, row in live if matcher._check_row(bitmask[row])}
+    return [row in dead for row in rows]
+
+
+def _eos_only(
+    # [ceil(V / 32)] int32 on the CPU; overwritten
+    row: torch.Tensor,
+    eos_token_ids: Iterable[int],
+) -> None:
+    """Allow exactly the EOS ids in ``row`` (a terminated matcher's mask)."""
+    row.zero_()
+    set_bits(row.numpy(), list(eos_token_ids))

@@ -2,37 +2,70 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pkgutil
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import constrain
-import constrain.tools.repeats  # registers its cache on import
 from constrain import caches
 from constrain.match import vocab
 from constrain.match.budget import InitialClosings
 from constrain.match.repetition import comma_tokens
 
-MATCH_CACHES = [
-    "match.budget.initial_closings",
-    "match.checks.patterns",
-    "match.repetition.comma_tokens",
-    "match.values.parse",
-    "match.vocab.closing",
-    "match.vocab.keys",
-    "match.vocab.token_texts",
-    "match.vocab.values",
-    "tools.repeats.pieces",
-]
+PACKAGE = Path(constrain.__file__).parent
+
+WEAK = {"backends.tokenizer_info", "models.forward_cost"}
+"""The caches keyed weakly by a live tokenizer or model (maxsize -1): they go with their keys."""
 
 FIGURES = {"entries", "hits", "misses", "maxsize"}
 
 
-@pytest.mark.parametrize("name", MATCH_CACHES)
-def test_every_cache_is_reported_and_bounded(name):
-    figures = caches.stats()[name]
-    assert FIGURES <= set(figures)
-    assert 0 < figures["maxsize"] and 0 <= figures["entries"] <= figures["maxsize"]
+def _declared() -> dict[str, str]:
+    """Every cache name the package's source registers (``bounded("...")`` or ``register("...")``), with its module."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "bounded", "register"
+            ) and node.args and isinstance(node.args[0], ast.Constant) and path.name != "caches.py":  # fmt: skip
+                found[node.args[0].value] = str(path.relative_to(PACKAGE.parent))
+    return found
+
+
+@pytest.fixture(scope="module")
+def registry() -> dict[str, dict[str, int]]:
+    """The registry once every module of the package is imported (vLLM's integration needs vLLM)."""
+    for module in pkgutil.walk_packages(constrain.__path__, "constrain."):
+        if module.name != "constrain.integrations.vllm":
+            importlib.import_module(module.name)
+    return caches.stats()
+
+
+def test_every_declared_cache_is_registered(registry):
+    declared = _declared()
+    assert len(declared) >= 20
+    assert set(declared) <= set(registry), sorted(set(declared) - set(registry))
+
+
+def test_every_registered_cache_is_bounded_and_reported(registry):
+    for name, figures in registry.items():
+        if name in WEAK:
+            assert figures["maxsize"] == -1 and figures["entries"] >= 0, name
+            continue
+        assert FIGURES <= set(figures), (name, figures)
+        assert 0 < figures["maxsize"] and 0 <= figures["entries"] <= figures["maxsize"], (name, figures)
+
+
+def test_no_cache_outside_the_registry():
+    """A ``functools.cache``/``lru_cache`` would be unbounded or unreported: ``caches.bounded`` is the one way."""
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "caches.py":
+            assert not re.search(r"functools\.(cache|lru_cache)\b|@(cache|lru_cache)\b", path.read_text()), path
 
 
 def test_the_vocabulary_tables_are_read_once_per_tokenizer(smol_tokenizer):

@@ -382,3 +382,26 @@ def test_an_internal_value_error_is_a_500_not_a_400(server, monkeypatch):
     assert caught.value.status_code == 500 and "a bug of ours" not in str(caught.value)
     with pytest.raises(openai.BadRequestError, match="temperature"):  # admission errors stay 400s
         _chat(server, max_tokens=4, temperature=-1.0)
+
+
+@pytest.mark.real_model
+def test_parallel_tools_request_with_drafts_fed(smollm2):
+    """instructor's ``Mode.PARALLEL_TOOLS`` request (``tool_choice="auto"``), alone on a server that feeds
+    every draft: a 200 with plain decoding's reply (drafts once ran past the grammar's end: a 500)."""
+    from constrain.models.cost import ForwardCost
+    from constrain.serving.engine import Engine
+
+    replies = []
+    for options in ({"forward_cost": ForwardCost((1, 64), (1.0, 1.0))}, {"speculative": False, "jump_forward": False}):
+        s = Server(smollm2, engine=Engine(smollm2, **options))
+        try:
+            r = _chat(s, "What's the weather in Paris and in Rome?", tools=[WEATHER], tool_choice="auto",
+                      max_tokens=120, temperature=0)  # fmt: skip
+            message = r.choices[0].message
+            for call in message.tool_calls or []:
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+            replies.append((message.content, calls))
+        finally:
+            s.stop()
+    assert replies[0] == replies[1]

@@ -401,3 +401,21 @@ def test_default_model_calls_tools_end_to_end(smollm2):
         assert r.tool_calls and all(c.arguments is not None for c in r.tool_calls)
         if choice == "get_weather":
             assert [c.name for c in r.tool_calls] == ["get_weather"] and "degrees" in r.tool_calls[0].run()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("prompt", ["What's the weather in Tokyo?", "Tell me a joke."])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_tools_under_speculation_give_plain_decodings_reply(smollm2, prompt, parallel):
+    """``tool_choice="auto"`` with every draft fed (a free forward pass): prompt lookup copies the chat
+    template's end of turn, which terminates the tools grammar; drafts stop short of it (this raised
+    xgrammar's "terminated ... trying to find the next token mask"), and the reply is plain decoding's."""
+    from constrain.models.cost import ForwardCost
+
+    ask = functools.partial(constrain.chat, smollm2, [{"role": "user", "content": prompt}], tools=[WEATHER],
+                            tool_choice="auto", parallel_tool_calls=parallel, temperature=0, max_tokens=48)  # fmt: skip
+    drafted, plain = ask(forward_cost=ForwardCost((1, 64), (1.0, 1.0))), ask(speculative=False, jump_forward=False)
+    assert drafted.generation.token_ids == plain.generation.token_ids
+    assert (drafted.content, drafted.tool_calls, drafted.finish_reason) == (plain.content, plain.tool_calls,
+                                                                             plain.finish_reason)  # fmt: skip
+    assert drafted.violations == []
