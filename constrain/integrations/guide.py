@@ -35,13 +35,13 @@ from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, ch
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.request import GUARD_WINDOW
 from constrain.match.bitmask import clear_bits, set_bits
-from constrain.match.budget import NEAR, Budget
+from constrain.match.budget import NEAR, SEARCH_NODES
 from constrain.match.closing import completion
 from constrain.match.matcher import Matcher
 from constrain.match.repetition import RepetitionGuard
 from constrain.tools.calling import tool_calling
 
-__all__ = ["CONSTRAINT_KEYS", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]
+__all__ = ["CONSTRAINT_KEYS", "REFRESH_EVERY", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]
 
 CONSTRAINT_KEYS = ("json_schema", "regex", "grammar", "choices", "tools")
 """The keys that name a request's constraint: exactly one per request."""
@@ -55,6 +55,9 @@ SLACK = 16
 
 VET_TOKENS = 8
 """Near the end, where at most this many tokens are allowed, each is kept only if a closing fits after it."""
+
+REFRESH_EVERY = 8
+"""Far from the end, the closing path is found again every this many tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +247,15 @@ class Guide:
 
     def _closing(self, remaining: int) -> list[int] | None:
         """The closing path from here: kept while the output follows it; else found again near the end
-        (``remaining`` at most twice the last length plus ``NEAR``) and every ``REFRESH_EVERY`` tokens
-        before (the greedy closing, then a 20 ms search); None when not looked for, or not found."""
+        (``remaining`` at most twice the last length plus ``NEAR``) and every :data:`REFRESH_EVERY` tokens
+        before (the greedy closing, then a search of ``SEARCH_NODES`` states); None when not looked for, or
+        not found."""
         near = remaining <= 2 * self._estimate + NEAR
-        if self._plan is None and (near or len(self.taken) % Budget.REFRESH_EVERY == 0):
+        if self._plan is None and (near or len(self.taken) % REFRESH_EVERY == 0):
             room = 2 * remaining + 64
             self._plan = completion(self.matcher, self._encode, max_tokens=room, max_nodes=0)
             if self._plan is None:
-                self._plan = completion(self.matcher, self._encode, max_tokens=room, max_seconds=Budget.SEARCH_SECONDS)
+                self._plan = completion(self.matcher, self._encode, max_tokens=room, max_nodes=SEARCH_NODES)
             if self._plan is not None:
                 self._estimate = len(self._plan)
         return self._plan

@@ -1,10 +1,39 @@
 """Guaranteed termination: the budget that keeps every constrained request finishable in ``max_tokens``.
 
-:class:`Budget` keeps a request finishable: once the tokens left come down to twice the closing
-length (:func:`~constrain.match.closing.completion`) plus :data:`NEAR`, each sampled token is taken
-only if a completion still fits after it; otherwise the next token of the closing path is taken
-instead (counted as forced). The result then ends complete and valid, with ``finish_reason="length"``
-when the closing path was used.
+:class:`Budget` keeps a request finishable by holding, at every step, a *closing path*: a token
+sequence that the matcher accepts from its current state, that ends in a complete match, and that is
+no longer than the tokens left. It is found at admission (the greedy closing, else the search of
+:func:`~constrain.match.closing.completion`; none that fits: :class:`~constrain.errors.BudgetError`).
+Then, for each sampled token (:meth:`Budget.vet`):
+
+1. the path's next token: taken, and the path is the rest of it;
+2. another token: taken only if a closing path of at most the tokens left after it is found from the
+   state after it; the first that completes, in order: the rest of the path's text respelled (the
+   token spells the path's start differently), the path held (inside free text the token changes
+   nothing ahead), the greedy closing, and where that finds none at all (:data:`REACH`), a search of
+   :data:`SEARCH_NODES` states;
+3. otherwise the path's next token is taken instead (counted ``forced`` near the end, ``steered``
+   elsewhere: see :data:`NEAR`); where the match is complete and nothing else fits, the request ends.
+
+By induction the path held always fits in the tokens left, so the output ends complete and valid
+within ``max_tokens`` whatever the searches find: they decide only how many of the model's own tokens
+are kept, never whether the output can be finished. The length of the path held is an upper bound on
+what closing costs, never an estimate. Every search is bounded in steps (expanded states, tried
+moves, tokens), never in seconds, so a seeded request writes the same tokens on a loaded machine as on
+an idle one. The result ends complete and valid, with ``finish_reason="length"`` when the closing
+path was forced.
+
+Decided against: taking tokens unchecked far from the end (the budget before did, re-estimating
+every 8 tokens). That is safe only with a bound on how much one token can lengthen the closing, and
+there is none for every grammar (a ``{`` can open an object of any number of required keys; one
+token of a recursive grammar, any depth); and an unchecked token leaves no path to force. So every
+token is checked; most cost one verification of a path (about 3 to 8 microseconds a token of it). Per
+vetted token, on the tiny random model of the tests (SmolLM2's tokenizer, 128 and 384 tokens, greedy
+and seeded; AMD EPYC, AVX2, one thread): a mean of 0.3 to 0.5 ms on the 20-field items of
+``tests/constrain/match/test_budget.py`` (0.3 before, which broke the budget there at 64), 0.9 to 1.2 ms
+on a MaskBench schema with value checks (1.1 to 2.0), 0.1 ms on a recursive tree (0.07 to 0.15). Where
+the greedy closing wanders (value-checked open objects whose keys it cannot close), one refused token
+can cost 1.5 s (before, 0.5 s and the token taken unchecked): bounded, and left to the per-token cost work.
 
 Every request of a constraint starts in its initial state, and the search from there can take
 thousands of masks: the path found is kept in :data:`initial_closings` (bounded, thread-safe,
@@ -24,11 +53,38 @@ from constrain.match.closing import completion
 from constrain.match.greedy import Encode
 from constrain.match.hints import hints
 from constrain.match.matcher import Compiled, Matcher
+from constrain.match.vocab import closing_vocab
 
-__all__ = ["INITIAL_CLOSINGS", "NEAR", "Budget", "ClosingKey", "InitialClosings", "initial_closings"]
+__all__ = [
+    "ADMISSION_NODES", "INITIAL_CLOSINGS", "NEAR", "REACH", "SEARCH_NODES", "Budget", "ClosingKey", "InitialClosings",
+    "initial_closings",
+]  # fmt: skip
 
 NEAR = 24
-""":class:`Budget` checks every token once the tokens left are at most twice the closing length plus this."""
+""":class:`Budget` counts a token it replaces as ``forced`` (closing early) where the tokens left are at most
+twice the closing path's length plus this, else as ``steered`` (the model's token led where no closing
+path could be found)."""
+
+ADMISSION_NODES = 1_000
+"""At admission, where the greedy closing does not fit, the search expands at most this many states:
+about what the 1 s limit before reached (263 to 5,155 states, a median of about 800, on every 40th
+MaskBench dev schema with SmolLM2's tokenizer; AMD EPYC, AVX2, 2 shared cores). There it refuses what
+the time limit refused (10 of 141 at ``max_tokens=64``, 4 at 384), each in 0.1 to 6.7 s (1 to 3.6 s
+before; value checks make a state cost most; cached per constraint and ``max_tokens``), and the median
+admission stays about 1 ms. A refusal that ran out of states is a proof that nothing fits, one that
+used them all is not. Of the sample's searches that found a path, two needed 47 and 122 states; one
+needed 4,391 (refused at ``max_tokens=64``, as it was with the time limit)."""
+
+SEARCH_NODES = 64
+"""After a sampled token where the greedy closing finds no path at all, the search expands at most this
+many states."""
+
+REACH = 64
+"""After a sampled token, the greedy closing looks for paths up to this many tokens longer than the
+path held (or as long as the tokens left, if more): finding one too long to fit shows that closing after
+that token takes about that long (the greedy closing is close to the shortest on JSON), and the search
+is skipped (on the 20-field schema of ``tests/constrain/match/test_budget.py`` it found nothing there, at
+about 15 ms a search)."""
 
 INITIAL_CLOSINGS = 256
 """Closing paths from initial states kept by :data:`initial_closings` (least recently used dropped)."""
@@ -99,29 +155,16 @@ caches.register("match.budget.initial_closings", initial_closings.stats)
 
 class Budget:
     """Keeps one constrained request finishable within its ``max_tokens`` (see the module docstring).
-    Mutable, one per request; it never changes its matcher (it probes forks).
+    Mutable, one per request; it never changes its matcher (it probes forks), and expects the matcher to
+    take exactly the tokens :meth:`vet` returns, one per call.
 
     Raises :class:`~constrain.errors.BudgetError` at construction when no completion of the
-    matcher's (initial) state fits in ``max_tokens``: the greedy closing does not fit, and the search
-    of :func:`~constrain.match.closing.completion` finds none that does (it searches every state below
-    the budget unless it runs out of time first: 1 s by default, on grammars whose masks are slow or
-    whose signatures merge states that differ).
+    matcher's (initial) state that fits in ``max_tokens`` is found: the greedy closing does not fit,
+    and the search of :func:`~constrain.match.closing.completion` finds none in
+    :data:`ADMISSION_NODES` states (it searches every state below the budget unless that bound comes
+    first, on grammars whose signatures merge states that differ). Deterministic: the same constraint,
+    tokenizer and ``max_tokens`` are refused on any machine, under any load.
     """
-
-    REFRESH_EVERY = 8
-    """Far from the end, the closing length is re-estimated every this many tokens."""
-
-    GREEDY_SECONDS = 0.05
-    """Mid-generation, the greedy closing gives up after this long (it can wander where value checks
-    refuse its short values)."""
-
-    SEARCH_SECONDS = 0.02
-    """When the greedy closing fails mid-generation, :func:`~constrain.match.closing.completion` searches
-    this long (then not again for :data:`REFRESH_EVERY` tokens, if it found nothing)."""
-
-    CHECKED_SEARCH_SECONDS = 0.1
-    """Likewise under value checks, where the greedy closing fails more often (its short values can be
-    refused), and a failed search refuses the model's token."""
 
     def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int, *, initial: bool = False) -> None:
         """``encode``: a piece of text to the tokenizer's ids (no special tokens); ``initial``: ``matcher``
@@ -130,90 +173,82 @@ class Budget:
         self.matcher = matcher
         self.encode = encode
         self.forced = 0  # tokens taken from the closing path instead of the sampled one, near the end
-        self.steered = 0  # likewise far from the end: the sampled token left no completion that could be found
+        self.steered = 0  # likewise far from the end: no closing path that fits was found after the sampled one
         self.hints = hints(matcher)  # for every completion() of this request
+        self._pieces = closing_vocab(matcher.compiled.tokenizer).pieces  # per token id, its bytes
         known, plan = initial_closings.get(matcher.compiled, max_tokens) if initial else (False, None)
         if not known:
             plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0, hints=self.hints)
-            if plan is None or len(plan) > max_tokens:
-                plan = completion(matcher, encode, max_tokens=max_tokens, hints=self.hints)
+            if plan is None:
+                plan = completion(
+                    matcher, encode, max_tokens=max_tokens, max_nodes=ADMISSION_NODES, hints=self.hints, fallback=False
+                )
             if initial:
                 initial_closings.put(matcher.compiled, max_tokens, plan)
-        if plan is None or len(plan) > max_tokens:
-            raise BudgetError(
-                f"no valid output fits in max_tokens={max_tokens}: "
-                + ("no completion that short was found" if plan is None else f"the shortest found needs {len(plan)}")
-            )
-        self.estimate = len(plan)  # tokens the closing path needs, as last computed
-        self.every_token = matcher.checks_values  # vet every token, far from the end too (see ``vet``)
-        self._steps = 0
-        self._search_after = 0  # the step from which a failed greedy closing may be searched for again
-        self._next: list[int] | None = plan  # the closing path from the matcher's current state
+        if plan is None:
+            raise BudgetError(f"no valid output fits in max_tokens={max_tokens}: no completion that short was found")
+        self.plan: list[int] = plan  # the closing path from the matcher's state; at most the tokens left long
 
     def vet(self, token: int, remaining: int) -> int | None:
-        """The token to take this step: ``token`` if a completion fits in ``remaining - 1`` tokens after
-        it, else the next token of the closing path; None when the match is complete and nothing but
-        ending fits. ``remaining`` counts this step. Does not change the matcher.
-
-        Near the end (``remaining <= 2 * closing + NEAR``) every token is checked; before that the
-        closing length is re-estimated every :data:`REFRESH_EVERY` tokens only, which misses just a
-        token that by itself adds more than half the remaining budget of required content. Under value
-        checks (``matcher.checks_values``) every token is checked from the start: there the grammar is
-        a superset, and one token can lead where no valid value can be finished at all (``{`` where
-        every object would need an infinite chain of required keys); where the greedy closing finds
-        no completion after a token, a short search (:data:`SEARCH_SECONDS`) looks before it is refused.
-        """
-        self._steps += 1
-        plan, self._next = self._next, None  # the closing path from here, if the last step found it
-        far = not self.every_token and remaining > 2 * self.estimate + NEAR
-        if far and self._steps % self.REFRESH_EVERY:
-            return token
-        room = 2 * remaining + 64  # past the budget too: if a token broke it, closing is the best effort
-        if plan is None:
-            plan = self._closing(self.matcher, room, search=self._steps >= self._search_after)
-            if plan is None:  # the search failed too: not again for a while
-                self._search_after = self._steps + self.REFRESH_EVERY
-        if plan is None:  # no closing found from here: nothing to steer by
-            return token
-        self.estimate = len(plan)
-        near = remaining <= 2 * len(plan) + NEAR
-        if not near and not self.every_token:
-            return token
+        """The token to take this step: ``token`` if a closing path of at most ``remaining - 1`` tokens is
+        found after it, else the next token of the closing path held; None when the match is complete and
+        nothing but ending fits. ``remaining`` counts this step (at least ``len(self.plan)``, as it is when
+        the matcher took every token returned before). Updates :attr:`plan` (see the module docstring);
+        does not change the matcher."""
+        plan = self.plan
         if plan and token == plan[0]:
-            self._next = plan[1:]
+            self.plan = plan[1:]
             return token
         probe = self.matcher.fork()
         if probe.accept_token(token):
-            after = self._reused(probe, plan) or self._closing(probe, remaining - 1, search=self.every_token)
-            if after is not None and len(after) <= remaining - 1:
-                self._next = after
+            after = self._after(probe, token, plan, remaining - 1)
+            if after is not None:
+                self.plan = after
                 return token
         if not plan:
             return None
-        if near:
+        if remaining <= 2 * len(plan) + NEAR:
             self.forced += 1
         else:
             self.steered += 1
-        self._next = plan[1:]
+        self.plan = plan[1:]
         return plan[0]
 
-    @staticmethod
-    def _reused(probe: Matcher, plan: list[int]) -> list[int] | None:
-        """``plan`` (the closing path before the token ``probe`` just took) if it completes ``probe``'s state
-        as well, as it does inside free text; None otherwise. Leaves ``probe`` as it was."""
-        taken = probe.accept_tokens(plan)
-        done = taken == len(plan) and probe.is_completed()
-        probe.rollback(taken)
-        return plan if done else None
+    def _after(self, probe: Matcher, token: int, plan: list[int], room: int) -> list[int] | None:
+        """A closing path of at most ``room`` tokens from ``probe``'s state (the matcher's after ``token``,
+        ``plan`` the path held before it): the first that completes of ``plan`` respelled after ``token``,
+        ``plan`` itself, the greedy closing; where the greedy closing finds none at all (up to
+        :data:`REACH` tokens longer than ``plan``), a search of :data:`SEARCH_NODES` states. None if
+        none fits. Every path is checked strictly, on a search's fork (no value taken as it comes at a
+        dead end: see :class:`~constrain.match.matcher.Matcher`). Leaves ``probe`` as it was."""
+        strict = probe.fork(search=True)
+        for candidate in (self._respelled(token, plan), plan):
+            if candidate is not None and len(candidate) <= room and _completes(strict, candidate):
+                return candidate
+        reach = max(room, len(plan) + REACH)
+        found = completion(probe, self.encode, max_tokens=reach, max_nodes=0, hints=self.hints)
+        if found is None:
+            found = completion(
+                probe, self.encode, max_tokens=room, max_nodes=SEARCH_NODES, hints=self.hints, fallback=False
+            )
+        return found if found is not None and len(found) <= room else None
 
-    def _closing(self, matcher: Matcher, max_tokens: int, *, search: bool) -> list[int] | None:
-        """A completion of ``matcher``'s state: the greedy closing (at most :data:`GREEDY_SECONDS`), else
-        with ``search`` a search of :data:`SEARCH_SECONDS` (:data:`CHECKED_SEARCH_SECONDS` under value
-        checks); None if neither found one."""
-        plan = completion(
-            matcher, self.encode, max_tokens=max_tokens, max_nodes=0, max_seconds=self.GREEDY_SECONDS, hints=self.hints
-        )
-        if plan is None and search:
-            seconds = self.CHECKED_SEARCH_SECONDS if self.every_token else self.SEARCH_SECONDS
-            plan = completion(matcher, self.encode, max_tokens=max_tokens, max_seconds=seconds, hints=self.hints)
-        return plan
+    def _respelled(self, token: int, plan: list[int]) -> list[int] | None:
+        """The rest of ``plan``'s text after ``token``'s, in the tokenizer's own tokens, where ``token``'s
+        text starts ``plan``'s; else None."""
+        piece = self._pieces[token]
+        text = b"".join(self._pieces[t] for t in plan)
+        if not piece or not text.startswith(piece):
+            return None
+        try:
+            return self.encode(text[len(piece) :].decode())
+        except UnicodeDecodeError:  # the token ends inside a character
+            return None
+
+
+def _completes(probe: Matcher, path: list[int]) -> bool:
+    """Whether ``path`` takes ``probe`` to a complete match. Leaves ``probe`` as it was."""
+    taken = probe.accept_tokens(path)
+    done = taken == len(path) and probe.is_completed()
+    probe.rollback(taken)
+    return done

@@ -7,8 +7,10 @@ where the grammar allows at most :data:`FANOUT`, else any allowed single-charact
 grammar-agnostic, so it serves JSON Schema, regexes, EBNF grammars and choices alike. States are
 told apart by a *signature* (the forced text and the next-token mask), which keeps optional
 whitespace and the choice of a value from multiplying the search; see :func:`completion` for how
-counted repetitions stay apart. Where the search runs out of time, the greedy closing
-(:mod:`constrain.match.greedy`) is the fallback.
+counted repetitions stay apart. Where the search finds nothing within its bound (``max_nodes``
+expansions), the greedy closing (:mod:`constrain.match.greedy`) is the fallback. Both are bounded in
+steps, not seconds (a time limit is an extra the caller may ask for), so the path found is a function
+of the matcher's state and the arguments, whatever the machine's load.
 
 What uses it: the :class:`~constrain.match.budget.Budget` (every constrained request ends within
 ``max_tokens``); the moves are spelled with the tokenizer's tables of :mod:`constrain.match.vocab`,
@@ -102,6 +104,7 @@ class _Search:
         self.root = matcher
         self.hints = hints  # tried wherever free text is allowed
         self.exhausted = False  # the last run found no state left to expand below its bound
+        self.expanded = 0  # states expanded by the last run
         self.covers: dict[str, tuple[list[int] | None, list[list[int]]]] = {}  # per forced text, its moves
 
     def _node(self, parent: _Node | None, ids: list[int], probe: Matcher) -> _Node:
@@ -191,9 +194,10 @@ class _Search:
             self.moves[node.signature] = useful
         return [c for c in children if c.cost + 1 < bound and not self._known(c)], goals[:_TIES]
 
-    def run(self, bound: int, max_nodes: int, deadline: float) -> list[list[int]]:
-        """The cheapest completing paths that cost less than ``bound`` tokens (see ``_expand``); ``[]`` if
-        none was found."""
+    def run(self, bound: int, max_nodes: int, deadline: float | None) -> list[list[int]]:
+        """The cheapest completing paths that cost less than ``bound`` tokens (see ``_expand``), expanding
+        at most ``max_nodes`` states (counted in :attr:`expanded`) before ``deadline`` (a
+        ``time.perf_counter()`` value; None: no time limit); ``[]`` if none was found."""
         probe = self.root.fork()
         if probe.is_completed():
             return [[]]
@@ -202,13 +206,14 @@ class _Search:
         order = itertools.count()
         heap: list[tuple[int, int, int, _Node]] = [(0, 0, next(order), root)]
         best: list[list[int]] = []
-        for _ in range(max_nodes):
-            if not heap or heap[0][0] + 1 >= bound or time.perf_counter() > deadline:
+        while self.expanded < max_nodes:
+            if not heap or heap[0][0] + 1 >= bound or (deadline is not None and time.perf_counter() > deadline):
                 break
             node = heapq.heappop(heap)[3]
             if node.key in self.settled:
                 continue
             self.settled.add(node.key)
+            self.expanded += 1
             children, goals = self._expand(node, bound)
             if goals:
                 best, bound = goals, len(goals[0])
@@ -225,16 +230,22 @@ def completion(
     *,
     max_tokens: int = 512,
     max_nodes: int = 20_000,
-    max_seconds: float = 1.0,
+    max_seconds: float | None = None,
     fanout: int = FANOUT,
     hints: Sequence[str] | None = None,
+    fallback: bool = True,
 ) -> list[int] | None:
     """A short token sequence that completes ``matcher``'s match, at most ``max_tokens`` long; ``[]`` if
     already complete; None if none was found. Does not change ``matcher``.
 
-    A uniform-cost search (fewest tokens first) of at most ``max_nodes`` expansions and ``max_seconds``;
-    where it finds nothing in that time, the greedy closing, within ``max_seconds`` of its own
-    (``max_nodes=0``: the greedy closing alone, for the budget's checks during generation). The moves
+    A uniform-cost search (fewest tokens first) of at most ``max_nodes`` expansions in all (its levels,
+    below, share them); where it finds nothing within them and ``fallback`` (default True; False where
+    the caller ran it already), the greedy closing (``max_nodes=0``: the greedy closing alone, for the
+    budget's checks during generation), bounded by its own steps
+    (:data:`~constrain.match.greedy.TRIES_PER_TOKEN`). The result is deterministic: a function of the
+    matcher's state and the arguments. ``max_seconds`` (default None: no time limit) is an extra safety
+    for callers that need one, which makes the result depend on the machine's speed: the search and the
+    greedy closing each stop after that long. The moves
     out of a state: for forced text, the fewest tokens that spell it and the token sequences that spell
     it and run past its end; else every allowed token where the grammar allows at most ``fanout``, else
     every allowed single-character token (inside a free string, every character); and ``hints``, texts
@@ -257,14 +268,18 @@ def completion(
     hinted = [ids for ids in spelled if ids]
     limit = _SLACK * max_tokens + 16
     found: list[list[int]] = []
-    deadline = time.perf_counter() + max_seconds
+    deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+    nodes = max_nodes
     for level in range(3 if max_nodes > 0 else 0):
         search = _Search(matcher, encode, vocab, fanout, level, hinted)
-        found = search.run(limit + 1, max_nodes, deadline)
+        found = search.run(limit + 1, nodes, deadline)
+        nodes -= search.expanded
         if found or not search.exhausted:
             break
-    if not found:  # no search, or cut short: the greedy closing
-        greedy = greedy_closing(matcher, encode, vocab, limit, hinted, time.perf_counter() + max_seconds)
+    if not found and fallback:  # no search, or cut short: the greedy closing
+        greedy = greedy_closing(
+            matcher, encode, vocab, limit, hinted, None if max_seconds is None else time.perf_counter() + max_seconds
+        )
         found = [greedy] if greedy is not None else []
     best = min((_retokenized(matcher, path, encode) if path else path for path in found), key=len, default=None)
     return best if best is None or len(best) <= max_tokens else None

@@ -212,7 +212,7 @@ def test_closing_path_is_the_fewest_tokens(small_bpe, engine, name, whitespace):
     assert matcher.num_accepted == 0
     jsonschema.validate(json.loads(small_bpe.decode(found)), FEWEST_CASES[name])
     for max_tokens in (fewest, fewest + 1):
-        assert Budget(compiled.matcher(), encode, max_tokens).estimate == fewest
+        assert len(Budget(compiled.matcher(), encode, max_tokens).plan) == fewest
     with pytest.raises(constrain.BudgetError):
         Budget(compiled.matcher(), encode, fewest - 1)
 
@@ -280,7 +280,7 @@ def test_budget_error_only_when_no_valid_output_fits(byte_tokens, engine, whites
     assert witness.accept_tokens(encode(shortest)) == len(shortest) and witness.is_completed()
     for max_tokens in (len(shortest), len(shortest) + 1):
         budget = Budget(compiled.matcher(), encode, max_tokens)
-        assert budget.estimate == len(shortest)
+        assert len(budget.plan) == len(shortest)
     with pytest.raises(constrain.BudgetError, match=f"max_tokens={len(shortest) - 1}"):
         Budget(compiled.matcher(), encode, len(shortest) - 1)
 
@@ -301,7 +301,7 @@ def test_patterns_without_a_visible_way_out_are_closed(byte_tokens, engine, name
     budget = Budget(compiled.matcher(), own_tokens(byte_tokens), 64, initial=True)
     known, plan = initial_closings.get(compiled, 64)
     assert known and not hasattr(compiled, "initial_closings")  # kept beside the constraint, which stays frozen
-    assert plan is not None and len(plan) == budget.estimate
+    assert plan == budget.plan
     jsonschema.validate(json.loads(byte_tokens.decode(plan)), BLIND[name])
 
 
@@ -347,11 +347,11 @@ def test_issue_schemas_fit_their_budget(smol_tokenizer, engine, whitespace, sche
     encode = own_tokens(smol_tokenizer)
     budget = Budget(compiled.matcher(), encode, max_tokens, initial=True)
     plan = initial_closings.get(compiled, max_tokens)[1]
-    assert plan is not None and len(plan) == budget.estimate <= most
+    assert plan is not None and plan == budget.plan and len(plan) <= most
     probe = compiled.matcher()
     assert probe.accept_tokens(plan) == len(plan) and probe.is_completed()
     jsonschema.validate(json.loads(smol_tokenizer.decode(plan)), schema)
-    Budget(compiled.matcher(), encode, budget.estimate)  # the estimate itself fits
+    Budget(compiled.matcher(), encode, len(plan))  # the path itself fits
 
 
 UNBOUNDED = {
@@ -418,7 +418,7 @@ def test_the_initial_closing_is_searched_once_per_constraint(smol_tokenizer, mon
     first = Budget(compiled.matcher(), encode, 64, initial=True)
     searched = len(calls)
     second = Budget(compiled.matcher(), encode, 64, initial=True)
-    assert searched >= 1 and len(calls) == searched and first.estimate == second.estimate
+    assert searched >= 1 and len(calls) == searched and first.plan == second.plan
     Budget(compiled.matcher(), encode, 64)  # not known to be initial: searched again
     assert len(calls) > searched
 
