@@ -228,6 +228,9 @@ class InFlight:
             if answer and self.matcher is not None and not self.matcher.accept_string(answer):
                 self.finish("error", f"the grammar rejected {answer!r}, written after the end of the thinking")
                 return True
+            if answer and self.budget is not None and not self.budget.rebase(self.max_tokens):
+                self.finish("error", f"no valid output fits in max_tokens={self.max_tokens} after {answer!r}")
+                return True
             if answer:
                 self.generated = answer[-GUARD_WINDOW:]
                 if self.mask_filter is not None:

@@ -214,6 +214,18 @@ class Budget:
         self.plan = plan[1:]
         return plan[0]
 
+    def rebase(self, remaining: int) -> bool:
+        """After the matcher took text :meth:`vet` did not return (the answer's start, written in the token
+        that ends a thinking), hold a closing path from its state again: the path held if it still
+        completes, else one searched as at admission. Returns False (the path held unchanged) where none
+        of at most ``remaining`` tokens is found."""
+        if len(self.plan) <= remaining and _completes(self.matcher.fork(search=True), self.plan):
+            return True
+        found = completion(self.matcher, self.encode, max_tokens=remaining, max_nodes=ADMISSION_NODES, hints=self.hints)
+        if found is not None:
+            self.plan = found
+        return found is not None
+
     def _after(self, probe: Matcher, token: int, plan: list[int], room: int) -> list[int] | None:
         """A closing path of at most ``room`` tokens from ``probe``'s state (the matcher's after ``token``,
         ``plan`` the path held before it): the first that completes of ``plan`` respelled after ``token``,

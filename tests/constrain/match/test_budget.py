@@ -221,3 +221,20 @@ def test_seeded_output_does_not_depend_on_the_machines_speed(tiny, monkeypatch, 
     slow = run()
     assert slow.token_ids == fast.token_ids and slow.text == fast.text
     assert_valid(slow, schema, max_tokens)
+
+
+def test_rebase_holds_a_path_after_text_the_budget_did_not_vet(smol_tokenizer):
+    """The answer's start written in the token that ends a thinking: the path held (``ac``) no longer
+    completes after ``b``, so one is found again; where none fits, the call says so."""
+    compiled = constrain.compile(constrain.regex(r"ac|bbbbbbc"), smol_tokenizer)
+
+    def encode(text):
+        return smol_tokenizer.encode(text, add_special_tokens=False)
+
+    matcher = compiled.matcher()
+    budget = Budget(matcher, encode, 8)
+    assert smol_tokenizer.decode(budget.plan) == "ac"
+    assert matcher.accept_string("b")
+    assert not budget.rebase(2) and smol_tokenizer.decode(budget.plan) == "ac"  # "bbbbbc" needs more tokens
+    assert budget.rebase(8) and smol_tokenizer.decode(budget.plan) == "bbbbbc"
+    assert budget.rebase(8) and smol_tokenizer.decode(budget.plan) == "bbbbbc"  # the path held still completes
