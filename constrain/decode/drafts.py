@@ -21,15 +21,17 @@ MAX_DRAFT = 16
 """At most this many drafts (forced or proposed) follow a request's last token in one forward pass."""
 
 
-def next_drafts(r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None) -> tuple[list[int], bool]:
+def next_drafts(
+    r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None, *, jump_forward: bool = True
+) -> tuple[list[int], bool]:
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
-    (jump-forward), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
+    (with ``jump_forward``), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
     accepts, to no token that ends the request, and to the tokens ``r`` may still write. Changes nothing
     of ``r`` (the grammar's checks run on forks of its matcher)."""
     room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
     if r.finish_reason is not None or room <= 0 or r.thinks:
         return [], False
-    forced = r.matcher.forced_text() if r.matcher is not None else ""
+    forced = r.matcher.forced_text() if r.matcher is not None and jump_forward else ""
     if forced:
         ids = encode(forced)[:room]
     elif proposer is not None:

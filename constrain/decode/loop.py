@@ -119,6 +119,7 @@ class DecodeLoop:
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self._cache_keyword = cost.cache_keyword(handle.model)
         self.prefixes = PrefixCache()
+        self._merges = False  # whether the model's cache takes joining rows (learnt at the first prefill)
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
         self._drafts: list[list[int]] = []  # per active row: the drafts fed after its last token
@@ -185,7 +186,11 @@ class DecodeLoop:
         plan: list[tuple[list[InFlight], int]] = []
         if self.joining and (not self.active or mergeable(self._cache)):
             plan = self._prefill_plan([r for r in self.joining if r.finish_reason is None])
-            joining, self.joining = [r for group, _ in plan for r in group], []
+            if not self.active and not self._merges:  # one group, until a cache shows it takes more
+                plan = plan[:1]  # (sliding-window layers do not: the others wait for the batch to drain)
+            joining = [r for group, _ in plan for r in group]
+            taken = {id(r) for r in joining}
+            self.joining = [r for r in self.joining if r.finish_reason is None and id(r) not in taken]
         rows, drafts = self.active + joining, self._drafts + [[] for _ in joining]
         if not rows:
             return
@@ -250,7 +255,8 @@ class DecodeLoop:
                         use_cache=True, **{self._cache_keyword: past}, **self._last_only)  # fmt: skip
             parts.append(out.logits[:, -1])  # [g, V]
             cache = getattr(out, self._cache_keyword)
-            if mergeable(cache):
+            self._merges = mergeable(cache)
+            if self._merges:
                 self.prefixes.add([r.prompt_ids for r in group], cache)
             if self.active:
                 self._mask = merge_rows(self._cache, self._mask, cache, mask)
@@ -305,7 +311,7 @@ class DecodeLoop:
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
-        drafts = [next_drafts(r, self.encode, self.proposer) if self.jump_forward else ([], False) for r in self.active]
+        drafts = [next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         relative = functools.partial(self._relative_cost, len(self.active))

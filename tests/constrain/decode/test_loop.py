@@ -94,6 +94,12 @@ def test_sliding_window_caches_make_joiners_wait_for_the_batch_to_drain(smol_tok
     while loop.busy:
         loop.step()
     assert _outputs([first, second]) == alone
+    # prompts of different lengths added together: one group is prefilled, the other waits (a second
+    # group merged into the first's cache raised in the attention)
+    prompts = [constrain.Request("Maria Lopez is 42 and lives in Madrid.", max_tokens=5, sampling={"temperature": 0}),
+               constrain.Request("JSON:", max_tokens=5, sampling={"temperature": 0})]  # fmt: skip
+    together = constrain.generate(handle, prompts, speculative=False, jump_forward=False)
+    assert [r.token_ids for r in together] == [constrain.generate(handle, [p])[0].token_ids for p in prompts]
 
 
 @pytest.mark.parametrize("jump_forward", [True, False])
