@@ -77,6 +77,7 @@ class SamplingMetadata:
         token_bitmask: torch.Tensor | None = None,
         bitmask_rows: Sequence[int] | torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        draw: int = 0,
     ) -> SamplingMetadata:
         """Validate the batch and turn it into tensors on ``device``.
 
@@ -100,6 +101,10 @@ class SamplingMetadata:
             The batch row of each bitmask row; None means ``c == B`` and row i is row i.
         generator : torch.Generator, default: None (torch's default CPU generator)
             Draws the per-step seeds of rows without a seed.
+        draw : int, default: 0
+            Which draw of this step: a row drawn again at the same position (its token refused by a
+            check the bitmask could not hold) passes 1, 2, ... and gets randomness independent of the
+            earlier draws (seeded rows stay reproducible).
 
         Raises
         ------
@@ -108,6 +113,8 @@ class SamplingMetadata:
             vocabulary, or the bitmask does not fit.
         """
         batch = len(params)
+        if draw < 0:
+            raise ValueError(f"draw counts the draws of a step from 0, got {draw}")
         if batch == 0:
             raise ValueError("params is empty: pass one SamplingParams per logits row")
         device = torch.device(device)
@@ -178,6 +185,7 @@ class SamplingMetadata:
             keys=row_keys(
                 longs([p.seed if p.seed is not None else fresh[i] for i, p in enumerate(params)]),
                 longs(list(output_lengths)),
+                draw,
             ),
             greedy_rows=longs(greedy),
             window_rows=longs(window),

@@ -33,6 +33,8 @@ class Stream:
     """Acceptance test of a draft token in the rejection sampler."""
     RECOVER = 0x2B9D_0000
     """Sampling of the recovered (or bonus) token in the rejection sampler."""
+    REDRAW = 0x6C4F_0000
+    """Draw ``d`` > 0 of a row at one position uses keys mixed with ``REDRAW + d`` (``row_keys``)."""
 
 
 def _hash32(x: _Int) -> _Int:
@@ -53,8 +55,10 @@ def row_keys(
     seeds: torch.Tensor,
     # [n] int64, each in [0, 2**32): the request's position (e.g. its output length)
     counters: torch.Tensor,
+    draw: int = 0,
 ) -> torch.Tensor:
-    """``[n]`` int64 32-bit keys: one per (seed, counter), the input of :func:`uniform`.
+    """``[n]`` int64 32-bit keys: one per (seed, counter), the input of :func:`uniform`; ``draw`` > 0
+    (a row drawn again at the same position) gives keys independent of draw 0's.
 
     Computed once per step (by ``SamplingMetadata.build``), so that each draw
     afterwards costs only the few ops of :func:`uniform`. Does not mutate its inputs.
@@ -62,7 +66,8 @@ def row_keys(
     seeds = seeds.to(torch.int64)
     h = _hash32((counters.to(torch.int64) & _MASK32) ^ 0x2545F491)
     h = _hash32(h ^ (seeds & _MASK32))
-    return _hash32(h ^ ((seeds >> 32) & _MASK32))
+    h = _hash32(h ^ ((seeds >> 32) & _MASK32))
+    return h if not draw else _hash32(h ^ _hash32((Stream.REDRAW + draw) & _MASK32))
 
 
 def uniform(

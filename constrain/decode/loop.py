@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
+from constrain.decode.checked import settle
 from constrain.decode.drafts import next_drafts, resolve_proposer
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
-from constrain.decode.masks import slot_masks
+from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
 from constrain.decode.speculative import Acceptance, Proposer, plan_drafts
 from constrain.models import cost
@@ -89,7 +90,12 @@ class DecodeLoop:
     forward rose by 1.6 ms). The loop owns that thread: :meth:`close` it (or use the loop as a context
     manager) when done.
 
-    ``timings`` collects seconds per stage (forward, mask, sampler, stop+detokenize).
+    ``timings`` collects seconds per stage (forward, mask, sampler, checks, stop+detokenize).
+
+    Value checks (keywords beyond the grammar) run on the token drawn where the sampling allows it
+    exactly (:mod:`constrain.decode.checked`: greedy, or no top-k, top-p or min-p, no logprobs): the mask
+    is then the grammar's, a refused token is cleared and its slot drawn again. Elsewhere the mask is
+    checked eagerly. Either way the output's distribution is the exact mask's.
     """
 
     def __init__(
@@ -202,21 +208,46 @@ class DecodeLoop:
             with self.clock("forward"):
                 logits = self._forward(plan)  # [P, V]: every slot's next-token logits
             with self.clock("mask"):  # with overlap: what is left of the fill once the forward is done
-                if pending is not None:
-                    slots, bitmask = pending.result()
-                else:
-                    slots, bitmask = slot_masks(rows, drafts, vocab, self.decode)
-                if bitmask is not None:
-                    bitmask = bitmask.to(device)
+                masks = pending.result() if pending is not None else slot_masks(rows, drafts, vocab, self.decode)
+                bitmask = masks.bitmask.to(device) if masks.bitmask is not None else None
             with self.clock("sampler"):
                 histories = [(rows[i], drafts[i][:j]) for i, d in enumerate(drafts) for j in range(len(d) + 1)]
-                sampled = _sample(self.sampler, histories, logits, vocab, device, bitmask, slots)
+                # the sampler may overwrite its logits: the checked slots' are kept for a second draw
+                kept = logits[[c.slot for c in masks.checked]] if masks.checked else None  # [k, V]
+                sampled = _sample(self.sampler, histories, logits, vocab, device, bitmask, masks.slots)
                 tokens = sampled.token_ids.tolist()
+            if kept is not None:
+                with self.clock("checks"):
+                    self._settle(masks, kept, histories, tokens)
             with self.clock("stop+detokenize"):
                 keep = self._advance(tokens, sampled.logprobs)
             self._select(keep)
             if self.active:
                 self._next_inputs()
+
+    def _settle(
+        self,
+        masks: SlotMasks,
+        # [k, V]: the logits of the slots in masks.checked, in order, as the forward computed them
+        logits: torch.Tensor,
+        histories: list[tuple[InFlight, list[int]]],
+        # per slot: the tokens drawn; updated in place
+        tokens: list[int],
+    ) -> None:
+        """Check each checked slot's token; draw refused ones again (:func:`~constrain.decode.checked.settle`)."""
+        assert masks.bitmask is not None
+        at = {c.row: k for k, c in enumerate(masks.checked)}  # mask row -> its row of ``logits``
+        bitmask = masks.bitmask
+
+        def redraw(mask_rows: list[int], draw: int) -> list[int]:
+            index = [at[row] for row in mask_rows]
+            again = [histories[masks.slots[row]] for row in mask_rows]
+            rows = bitmask[mask_rows].to(self.device)  # [n, ceil(V / 32)]: refused bits cleared
+            out = _sample(self.sampler, again, logits[index], self.handle.vocab_size, self.device, rows,
+                          list(range(len(mask_rows))), draw=draw)  # fmt: skip
+            return list(out.token_ids.tolist())
+
+        settle(masks.checked, tokens, bitmask, redraw)
 
     def _prefill_plan(self, joining: list[InFlight]) -> list[tuple[list[InFlight], int]]:
         """How to prefill ``joining``: (group, cached prefix length). A request whose prompt starts with
@@ -397,8 +428,11 @@ def _sample(
     # [c, ceil(V / 32)] int32 or None
     bitmask: torch.Tensor | None,
     rows: list[int],
+    *,
+    draw: int = 0,
 ) -> Any:
-    """One sampler call for every slot: its request's parameters, and its history (output + drafts)."""
+    """One sampler call for every slot: its request's parameters, and its history (output + drafts);
+    ``draw`` > 0 draws those slots again, with fresh randomness."""
     penalized = any(r.params.has_penalties for r, _ in histories)
     metadata = SamplingMetadata.build(
         [r.params for r, _ in histories],
@@ -409,5 +443,6 @@ def _sample(
         output_lengths=None if penalized else [len(r.output_ids) + len(extra) for r, extra in histories],
         token_bitmask=bitmask,
         bitmask_rows=rows if rows else None,
+        draw=draw,
     )
     return sampler(logits, metadata)

@@ -8,7 +8,7 @@ as :mod:`constrain.match.values` checks a whole document.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -112,3 +112,14 @@ class CallValues:
         """As :meth:`~constrain.match.values.ValueState.forbid_violations`, inside a value; between values
         nothing is checked."""
         return VIABLE if self.inner is None else self.inner.forbid_violations(row, eos_token_ids, viable)
+
+    def refuses(
+        self,
+        token: int,
+        allowed: Callable[[], int],
+        eos_token_ids: Collection[int],
+        viable: Callable[[int], bool] | None = None,
+    ) -> bool:
+        """As :meth:`~constrain.match.values.ValueState.refuses`, inside a value; between values nothing is
+        refused."""
+        return self.inner is not None and self.inner.refuses(token, allowed, eos_token_ids, viable)

@@ -13,20 +13,45 @@ The loop a matcher serves, per decode step:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
 from constrain.backends.base import CompiledGrammar, GrammarState
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.constraint import Constraint
-from constrain.match.bitmask import allocate_token_bitmask, clear_bits, set_bits
+from constrain.match.bitmask import allocate_token_bitmask, clear_bits, count_allowed, set_bits
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.embedded import CallValues
 from constrain.match.keys import KeyState
 from constrain.match.values import DEAD_END, VIABLE, ValueState
 
-__all__ = ["LOOKAHEAD_PROBES", "Compiled", "Matcher", "fill_next_token_bitmasks"]
+__all__ = ["Compiled", "Matcher", "fill_next_token_bitmasks"]
+
+_State = TypeVar("_State")
+
+
+@dataclass(frozen=True, slots=True)
+class _Trail(Generic[_State]):
+    """A scanner's state after each accepted token, newest first, as a linked list: a fork shares it
+    (O(1)), an accepted token links one node, a rollback of n tokens walks n links back."""
+
+    state: _State
+    before: _Trail[_State] | None = None
+
+    def back(self, steps: int) -> _Trail[_State]:
+        trail = self
+        for _ in range(steps):
+            assert trail.before is not None, "rolled back past the initial state"
+            trail = trail.before
+        return trail
+
+    def root(self) -> _Trail[_State]:
+        trail = self
+        while trail.before is not None:
+            trail = trail.before
+        return trail
 
 
 class Compiled(Protocol):
@@ -52,24 +77,32 @@ class Compiled(Protocol):
     def vocab_size(self) -> int: ...
 
 
-LOOKAHEAD_PROBES = 128
-"""Per filled mask, at most this many look-ahead probes (a fork, a token, a mask each) decide which
-tokens lead into a dead end of the value checks (see ``Matcher``); past it, tokens are assumed viable."""
-
-
 class Matcher:
-    """The grammar state of one request. Cheap to create; not thread-safe (one request, one thread).
+    """The grammar state of one request. Cheap to create and to fork (O(1)); not thread-safe (one
+    request, one thread).
 
     EOS ids are allowed exactly when the grammar can end, and accepting one
     terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
     a :class:`~constrain.match.keys.KeyState` per accepted token masks out and refuses any token that
     would complete a key its object already has. Where the schema has keywords beyond the grammar
-    (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token masks out
-    and refuses any token that would complete a value that cannot be valid, unless no allowed token is
-    left: that step is a *dead end*, the mask stays the grammar's and the token is taken as it comes
+    (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token *refuses*
+    any token that would complete a value that cannot be valid, or (where at most
+    :data:`~constrain.match.values.LOOKAHEAD_TOKENS` tokens are allowed inside a checked value) after which
+    nothing valid can follow. A refused token is masked out, unless every allowed token is refused:
+    that step is a *dead end*, the mask stays the grammar's and the token is taken as it comes
     (:meth:`accept_token` records the step in ``dead_ends``). A fork made for a search
     (``fork(search=True)``) does not look ahead, and allows nothing at a dead end: the search backs out
     of it instead.
+
+    The checks can run two ways, with the same verdicts:
+
+    - *eagerly*: :meth:`fill_next_token_bitmask` (or :meth:`check_row` after a fill with ``checks=False``)
+      clears every refused token from the row: the exact mask, for a host that samples from it with no
+      way back (vLLM, a transformers logits processor, beam search);
+    - *for the sampled token only*: fill with ``checks=False`` (the grammar's row), sample, and ask
+      :meth:`allows` about the token drawn; on a refusal clear its bit and draw
+      again (:mod:`constrain.decode.checked`). Where sampling has no top-k, top-p or min-p filter, this draws
+      from exactly the distribution of the eager mask, at the cost of the drawn token's check alone.
 
     Filling a mask never changes the matcher: whether a step is a dead end is a function of its state,
     worked out again by :meth:`accept_token` when the strict checks refuse a token. So a mask filled on
@@ -82,12 +115,13 @@ class Matcher:
         self._max_rollback = max_rollback_tokens
         self._grammar_state: GrammarState = compiled.grammar.new_state(max_rollback_tokens=max_rollback_tokens)
         self.num_accepted = 0
-        # the key scanner after each accepted token, the initial state first (None: no key guard)
-        self._keys: list[KeyState] | None = [KeyState.initial(compiled.tokenizer)] if compiled.unique_keys else None
+        # the key scanner after each accepted token (None: no key guard)
+        keys = KeyState.initial(compiled.tokenizer) if compiled.unique_keys else None
+        self._keys: _Trail[KeyState] | None = None if keys is None else _Trail(keys)
         # the value scanner likewise (None: the grammar is exact)
         checks = compiled.value_checks
-        self._values: list[ValueState | CallValues] | None = (
-            None if checks is None else [checks.initial_state(compiled.tokenizer)]
+        self._values: _Trail[ValueState | CallValues] | None = (
+            None if checks is None else _Trail(checks.initial_state(compiled.tokenizer))
         )
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) whose token was taken at a dead end
         self._eos = compiled.tokenizer.eos_token_ids
@@ -98,11 +132,15 @@ class Matcher:
         # [B, ceil(V / 32)] int32, on the CPU; row ``index`` is overwritten
         bitmask: torch.Tensor,
         index: int = 0,
+        *,
+        checks: bool = True,
     ) -> bool:
         """Write the allowed next tokens into ``bitmask[index]``.
 
-        Returns whether the row restricts anything (False: every token is
-        allowed and the sampler may skip it). Does not change the matcher state.
+        ``checks=False`` leaves the key guard and the value checks out (the grammar's row): then
+        :meth:`check_row` completes the row, or :meth:`allows` judges the sampled token (see the class).
+        Returns whether the row restricts anything (False: every token is allowed and the sampler may
+        skip it). Does not change the matcher state.
         """
         if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
             raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
@@ -110,26 +148,59 @@ class Matcher:
             _eos_only(bitmask[index], self._eos)
             return True
         restricts = bool(self._grammar_state.fill_next_token_bitmask(bitmask, index))
-        self._check_row(bitmask[index])
+        if checks:
+            self.check_row(bitmask[index])
         return restricts or self._keys is not None or self._values is not None
 
-    def _check_row(
+    def check_row(
         self,
-        # [ceil(V / 32)] int32, a filled row; updated in place
+        # [ceil(V / 32)] int32 on the CPU: a row filled with checks=False; updated in place
+        row: torch.Tensor,
+    ) -> int:
+        """Clear from ``row`` every token the key guard or the value checks refuse (see the class). Returns
+        :data:`~constrain.match.values.VIABLE`; :data:`~constrain.match.values.HEADED_FOR_DEAD_END` when
+        every token left heads for a dead end of the value checks (those stay allowed); or
+        :data:`~constrain.match.values.DEAD_END`, the row left as the key guard made it (emptied on a
+        search's fork)."""
+        if self.is_terminated():
+            return VIABLE
+        if self._keys is not None:
+            self._keys.state.forbid_duplicates(row)
+        if self._values is None:
+            return VIABLE
+        viable = None if self.searching else (lambda token: self._viable(token, 2))
+        status = self._values.state.forbid_violations(row, self._eos, viable)
+        if status == DEAD_END and self.searching:
+            row.zero_()
+        return status
+
+    def allows(
+        self,
+        token_id: int,
+        # [ceil(V / 32)] int32 on the CPU: this step's row as filled with checks=False (read only)
         row: torch.Tensor,
     ) -> bool:
-        """Clear from a filled row the tokens the key and value scanners refuse (see the class); returns
-        whether this step is a dead end (the row is then the grammar's, or empty on a search's fork)."""
-        if self._keys is not None:
-            self._keys[-1].forbid_duplicates(row)
-        if self._values is None:
+        """Whether the key guard and the value checks let ``token_id`` stand here: exactly whether
+        :meth:`check_row` keeps its bit, where it returns ``VIABLE`` (else every token is refused here, and
+        the row :meth:`check_row` makes decides). Does not change the matcher state."""
+        token_id = int(token_id)
+        if self.is_terminated() or token_id >= self.compiled.vocab_size:
+            return True
+        keys = self._keys
+        if keys is not None and token_id not in self._eos and keys.state.advance(token_id) is None:
             return False
-        budget = [LOOKAHEAD_PROBES]
-        viable = None if self.searching else (lambda token: self._viable(token, 2, budget))
-        dead_end = self._values[-1].forbid_violations(row, self._eos, viable) == DEAD_END
-        if dead_end and self.searching:
-            row.zero_()
-        return dead_end
+        if self._values is None:
+            return True
+
+        def allowed() -> int:  # what the row allows once the key guard has run
+            if keys is None:
+                return count_allowed(row)
+            guarded = row.clone()  # [ceil(V / 32)] int32
+            keys.state.forbid_duplicates(guarded)
+            return count_allowed(guarded)
+
+        viable = None if self.searching else (lambda token: self._viable(token, 2))
+        return not self._values.state.refuses(token_id, allowed, self._eos, viable)
 
     def at_dead_end(self) -> bool:
         """Whether no token the grammar allows now can lead to a valid value (see the class). Fills a
@@ -137,27 +208,27 @@ class Matcher:
         if self._values is None or self.is_terminated():
             return False
         row = allocate_token_bitmask(1, self.compiled.vocab_size)  # [1, ceil(V / 32)] int32
-        self._grammar_state.fill_next_token_bitmask(row, 0)
-        return self._check_row(row[0])
+        self.fill_next_token_bitmask(row, 0, checks=False)
+        return self.check_row(row[0]) == DEAD_END
 
-    def _viable(self, token_id: int, depth: int, budget: list[int]) -> bool:
+    def _viable(self, token_id: int, depth: int) -> bool:
         """Whether something valid can follow ``token_id``: the text the grammar forces after it completes
-        no value the schema forbids, and (``depth`` > 1) the next step is no dead end. Optimistic once
-        ``budget[0]`` probes are spent."""
-        if token_id in self._eos or budget[0] <= 0:
+        no value the schema forbids, and (``depth`` > 1) the next step is no dead end. A function of the
+        state and the token: at most 1 + :data:`~constrain.match.values.LOOKAHEAD_TOKENS` probes (a fork,
+        a token and a mask each) per call at depth 2."""
+        if token_id in self._eos:
             return True
-        budget[0] -= 1
         probe = self.fork(search=True)  # strict: a probe takes no token at a dead end (nor works one out)
         if not probe.accept_token(token_id):
             return False
         forced = str(probe._grammar_state.find_jump_forward_string()).encode()
         assert probe._values is not None
-        state = probe._values[-1].advance_bytes(forced) if forced else probe._values[-1]
+        state = probe._values.state.advance_bytes(forced) if forced else probe._values.state
         if state is None or depth <= 1 or probe._grammar_state.is_terminated():
             return state is not None
         row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
         probe._grammar_state.fill_next_token_bitmask(row.unsqueeze(0), 0)
-        return state.forbid_violations(row, self._eos, lambda token: probe._viable(token, depth - 1, budget)) == VIABLE
+        return state.forbid_violations(row, self._eos, lambda token: probe._viable(token, depth - 1)) == VIABLE
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would
@@ -166,13 +237,14 @@ class Matcher:
         keys = values = None
         stuck = False  # a dead end (see the class): the value is taken as it comes
         if token_id < self.compiled.vocab_size:  # an id past the tokenizer's (padding) holds no text
-            if self._keys is not None and (keys := self._keys[-1].advance(token_id)) is None:
+            if self._keys is not None and (keys := self._keys.state.advance(token_id)) is None:
                 return False
             if self._values is not None:
-                state = self._values[-1]
-                values = state.advance(token_id, strict=True)
-                if values is not None and token_id in self._eos and not values.can_end():
-                    values = None
+                state = self._values.state
+                if token_id in self._eos:  # ends the output: its text is no part of it
+                    values = state if state.can_end() else None
+                else:
+                    values = state.advance(token_id, strict=True)
                 stuck = values is None and not self.searching and self.at_dead_end()
                 if stuck:
                     values = state.advance(token_id, strict=False)
@@ -183,9 +255,9 @@ class Matcher:
         if stuck:
             self.dead_ends.append(self.num_accepted)
         if self._keys is not None:
-            self._keys.append(keys or self._keys[-1])
+            self._keys = _Trail(keys or self._keys.state, self._keys)
         if self._values is not None:
-            self._values.append(values or self._values[-1])
+            self._values = _Trail(values or self._values.state, self._values)
         self.num_accepted += 1
         return True
 
@@ -199,16 +271,16 @@ class Matcher:
     def accept_string(self, text: str) -> bool:
         """Advance by raw text (validation); ``False`` (state unchanged) if rejected. Cannot be rolled back."""
         data = text.encode("utf-8")
-        keys = None if self._keys is None else self._keys[-1].advance_bytes(data)
-        values = None if self._values is None else self._values[-1].advance_bytes(data)
+        keys = None if self._keys is None else self._keys.state.advance_bytes(data)
+        values = None if self._values is None else self._values.state.advance_bytes(data)
         if (self._keys is not None and keys is None) or (self._values is not None and values is None):
             return False
         if not self._grammar_state.accept_string(text):
             return False
         if self._keys is not None and keys is not None:
-            self._keys[-1] = keys
+            self._keys = _Trail(keys, self._keys.before)
         if self._values is not None and values is not None:
-            self._values[-1] = values
+            self._values = _Trail(values, self._values.before)
         return True
 
     def rollback(self, num_tokens: int) -> None:
@@ -217,10 +289,10 @@ class Matcher:
             raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
         self._grammar_state.rollback(num_tokens)
         self.num_accepted -= num_tokens
-        if self._keys is not None and num_tokens:
-            del self._keys[-num_tokens:]
-        if self._values is not None and num_tokens:
-            del self._values[-num_tokens:]
+        if self._keys is not None:
+            self._keys = self._keys.back(num_tokens)
+        if self._values is not None:
+            self._values = self._values.back(num_tokens)
         while self.dead_ends and self.dead_ends[-1] >= self.num_accepted:  # the tokens taken there are undone
             self.dead_ends.pop()
 
@@ -230,7 +302,7 @@ class Matcher:
 
     def is_completed(self) -> bool:
         """True when the text so far is a complete match (EOS would be accepted now)."""
-        return bool(self._grammar_state.is_completed()) and (self._values is None or self._values[-1].can_end())
+        return bool(self._grammar_state.is_completed()) and (self._values is None or self._values.state.can_end())
 
     def can_continue(self) -> bool:
         """Whether any token besides EOS is allowed now (a complete ``12`` may still become ``123``).
@@ -250,7 +322,7 @@ class Matcher:
         Does not change the matcher state.
         """
         text = str(self._grammar_state.find_jump_forward_string())
-        if text and self._values is not None and self._values[-1].advance_bytes(text.encode()) is None:
+        if text and self._values is not None and self._values.state.advance_bytes(text.encode()) is None:
             return ""
         return text
 
@@ -259,9 +331,9 @@ class Matcher:
         self._grammar_state.reset()
         self.num_accepted = 0
         if self._keys is not None:
-            del self._keys[1:]
+            self._keys = self._keys.root()
         if self._values is not None:
-            del self._values[1:]
+            self._values = self._values.root()
         self.dead_ends.clear()
 
     @property
@@ -269,21 +341,28 @@ class Matcher:
         """Whether this matcher checks values beyond its grammar (``compiled.value_checks``)."""
         return self._values is not None
 
+    @property
+    def checks_tokens(self) -> bool:
+        """Whether its grammar's row is a superset that :meth:`check_row` narrows (a key guard or value
+        checks); without, a row filled with ``checks=False`` is exact."""
+        return self._keys is not None or self._values is not None
+
     def value_digest(self) -> int:
         """A hash of what the value checks still depend on (0 without checks): states of one grammar
         state and one digest go on alike, but for the scalar being written (see ``ValueState.digest``)."""
-        return 0 if self._values is None else self._values[-1].digest()
+        return 0 if self._values is None else self._values.state.digest()
 
     def fork(self, *, search: bool | None = None) -> Matcher:
         """An independent copy of this matcher, in the same state (``search``: a fork for a search that
-        backs out of dead ends itself, see the class; None: as this one)."""
+        backs out of dead ends itself, see the class; None: as this one). O(1) but for the engine's own
+        copy of its state."""
         twin = Matcher.__new__(Matcher)
         twin.compiled = self.compiled
         twin._max_rollback = self._max_rollback
         twin._grammar_state = self._grammar_state.fork()
         twin.num_accepted = self.num_accepted
-        twin._keys = None if self._keys is None else list(self._keys)
-        twin._values = None if self._values is None else list(self._values)
+        twin._keys = self._keys  # immutable trails: shared
+        twin._values = self._values
         twin.dead_ends = list(self.dead_ends)
         twin._eos = self._eos
         twin.searching = self.searching if search is None else search
@@ -295,12 +374,16 @@ def fill_next_token_bitmasks(
     # [B, ceil(V / 32)] int32, on the CPU
     bitmask: torch.Tensor,
     indices: Sequence[int] | None = None,
+    *,
+    checks: bool = True,
 ) -> list[bool]:
-    """Fill ``bitmask[indices[i]]`` for ``matchers[i]``, all at once across threads (the GIL is released).
+    """Fill ``bitmask[indices[i]]`` for ``matchers[i]``: the grammar engines' batch calls (one per engine,
+    across their threads, the GIL released), then (``checks``) the key guards and the value checks.
 
-    ``indices`` defaults to ``range(len(matchers))``. Returns, per matcher, whether it is at a dead end
-    of its value checks (its row is then the grammar's: see :class:`Matcher`). Does not change the
-    matchers' state.
+    ``indices`` defaults to ``range(len(matchers))``. ``checks=False`` leaves the key guards and value
+    checks to :meth:`Matcher.check_row` or :meth:`Matcher.allows` (see :class:`Matcher`). Returns, per matcher,
+    whether it is at a dead end of its value checks (its row is then the grammar's; always False without
+    ``checks``). Does not change the matchers' state.
     """
     if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
         raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
@@ -320,7 +403,7 @@ def fill_next_token_bitmasks(
         live.append((matcher, row))
     for grammar, states, at in groups.values():
         grammar.backend.fill_next_token_bitmasks(states, bitmask, at)
-    dead = {row for matcher, row in live if matcher._check_row(bitmask[row])}
+    dead = {row for matcher, row in live if checks and matcher.check_row(bitmask[row]) == DEAD_END}
     return [row in dead for row in rows]
 
 

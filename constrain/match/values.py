@@ -20,7 +20,7 @@ then come from post-validation, and the dead end says why they could not be avoi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -307,6 +307,27 @@ class ValueState:
         words[:] = saved
         return DEAD_END
 
+    def refuses(
+        self,
+        token: int,
+        allowed: Callable[[], int],
+        eos_token_ids: Collection[int],
+        viable: Callable[[int], bool] | None = None,
+    ) -> bool:
+        """Whether :meth:`forbid_violations` clears ``token`` from this step's row, at a step where some
+        token is left (not headed for a dead end): the check of one token, what a sampled token costs.
+        ``allowed()``: how many tokens the row allows (asked only where look-ahead may apply)."""
+        ids, here = self._candidates()
+        if ids is None and self.mode != _SCALAR:
+            return False
+        if ids is not None and _holds(ids, token) and self._violations([token]):
+            return True
+        if token in eos_token_ids and not self.can_end():
+            return True
+        if viable is None or not here or token >= len(self.vocab.texts) or not self.vocab.texts[token]:
+            return False
+        return allowed() <= LOOKAHEAD_TOKENS and not viable(token)
+
     def _violations(self, tokens: list[int]) -> list[int]:
         """The ``tokens`` that would complete a value that cannot be valid. Outside strings only the
         structure counts: tokens differing in whitespace runs alone are scanned once."""
@@ -339,6 +360,15 @@ class ValueState:
             for token in allowed.tolist()
             if token < len(texts) and token not in banned and texts[token] and not viable(token)
         ]
+
+
+def _holds(
+    # [n] int64, ascending
+    ids: np.ndarray,
+    token: int,
+) -> bool:
+    at = int(ids.searchsorted(token))
+    return at < len(ids) and int(ids[at]) == token
 
 
 @bounded("match.values.parse", maxsize=4096)

@@ -1,0 +1,134 @@
+"""What the mask adds to a decode step, at batch 1, 8 and 64, on the default model, side by side in one run.
+
+Per batch size, greedy, at most ``--tokens`` steps (times are per step: the runs need not take as many):
+
+- *unconstrained*: free text;
+- *unchecked schema*: a schema the grammar enforces whole (no value checks);
+- *checked schemas*: a mix of schemas holding keywords beyond the grammar (``uniqueItems``, ``multipleOf``
+  on floats, ``patternProperties``, ``not``, open objects' ``required`` in specification mode), one per row,
+  with the value checks on the token drawn (the default for greedy and unfiltered sampling);
+- *checked schemas, eager*: the same with every row checked eagerly (what top-p sampling, logprobs or a
+  host that samples with no way back get).
+
+Prints, per run, ms per step of each stage (the loop's own timings: forward, mask, sampler, checks,
+stop+detokenize) and the step's total against the unconstrained step's. Medians of ``--repeats``
+runs, taken round robin.
+
+Usage: ``python bench/overhead.py [--repeats 3] [--tokens 48] [--batches 1,8,64]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import constrain  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
+from constrain.decode import loop, masks  # noqa: E402
+
+gen = importlib.import_module("constrain.generate")
+
+PROMPT = [{"role": "user", "content": "Describe a product of a small shop as JSON."}]
+UNCHECKED = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0},
+                   "city": {"type": "string", "maxLength": 40}},
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}  # fmt: skip
+CHECKED: list[tuple[dict[str, Any], str]] = [
+    (
+        {"type": "object", "properties": {"shape": {"enum": ["circle", "square", "rectangle"]},
+         "dimensions": {"type": "object", "properties": {"width": {"type": "number"}, "height": {"type": "number"}},
+                        "required": ["width"]}}, "required": ["shape", "dimensions"]},
+        "specification",
+    ),  # calculate_area: open objects, two levels deep
+    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+      "uniqueItems": True, "maxItems": 6}}, "required": ["tags"], "additionalProperties": False}, "generation"),
+    ({"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01, "minimum": 0},
+      "name": {"type": "string", "not": {"const": ""}, "maxLength": 30}}, "required": ["name", "price"],
+      "additionalProperties": False}, "generation"),
+    ({"type": "object", "patternProperties": {"^x-[a-z]+$": {"type": "integer"}},
+      "properties": {"id": {"type": "string", "format": "uuid"}}, "required": ["id"], "maxProperties": 4},
+     "specification"),
+]  # fmt: skip
+
+
+def _requests(handle: constrain.ModelHandle, run: str, batch: int, tokens: int) -> list[Any]:
+    greedy = {"temperature": 0}
+    specs = []
+    for row in range(batch):
+        if run == "unconstrained":
+            spec = constrain.Request(PROMPT, max_tokens=tokens, sampling=greedy)
+        elif run == "unchecked schema":
+            spec = constrain.Request(PROMPT, schema=UNCHECKED, max_tokens=tokens, sampling=greedy)
+        else:
+            schema, mode = CHECKED[row % len(CHECKED)]
+            spec = constrain.Request(PROMPT, schema=constrain.json_schema(schema, mode=mode), max_tokens=tokens,
+                                     sampling=greedy)  # fmt: skip
+        specs += gen.admit(handle, spec)
+    return specs
+
+
+RUNS = ("unconstrained", "unchecked schema", "checked schemas", "checked schemas, eager")
+
+
+def measure(handle: constrain.ModelHandle, run: str, batch: int, tokens: int) -> tuple[float, int, dict[str, float]]:
+    """(seconds, steps, per-stage seconds) of one batch decoded to its end."""
+    requests = _requests(handle, run, batch, tokens)
+    timings: dict[str, float] = {}
+    steps, forward = [0], handle.model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        steps[0] += 1
+        return forward(*args, **kwargs)
+
+    lazy = masks.checks_sampled_token
+    if run.endswith("eager"):
+        masks.checks_sampled_token = lambda params: False  # every row checked before sampling
+    handle.model.forward = counted
+    start = time.perf_counter()
+    try:
+        loop.run(handle, requests, timings, speculative=False, jump_forward=False)
+    finally:
+        del handle.model.forward
+        masks.checks_sampled_token = lazy
+    return time.perf_counter() - start, steps[0], timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--batches", default="1,8,64")
+    args = parser.parse_args()
+    print(machine_line())
+    handle = constrain.load_model()
+    print(f"model {handle.name}; greedy, {args.tokens} tokens a row at most, no jump-forward nor speculation; "
+          f"ms per step, medians of {args.repeats}\n")  # fmt: skip
+    stages = ("forward", "mask", "sampler", "checks", "stop+detokenize")
+    print(f"| run | batch | steps | {' | '.join(stages)} | step | step vs unconstrained |")
+    print(f"|---|---|---|{'---|' * len(stages)}---|---|")
+    for batch in map(int, args.batches.split(",")):
+        measure(handle, "checked schemas", batch, 4)  # compiles, warms the caches
+        results: dict[str, list[tuple[float, int, dict[str, float]]]] = {run: [] for run in RUNS}
+        for _ in range(args.repeats):  # round robin: the machine's drifts touch every run alike
+            for run in RUNS:
+                results[run].append(measure(handle, run, batch, args.tokens))
+        base = None
+        for run in RUNS:
+            seconds, steps, timings = sorted(results[run], key=lambda r: r[0] / r[1])[len(results[run]) // 2]
+            step = seconds / steps * 1e3
+            base = step if base is None else base
+            split = " | ".join(f"{timings.get(stage, 0.0) / steps * 1e3:.2f}" for stage in stages)
+            print(f"| {run} | {batch} | {steps} | {split} | {step:.2f} | {step / base - 1:+.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
