@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-vllm lint bench maskbench coverage conformance differential termination e2e serve
+.PHONY: demo test test-vllm lint bench maskbench overhead coverage conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,9 @@ conformance: $(VENV)/.installed
 
 maskbench: $(VENV)/.installed
 	$(PY) bench/maskbench.py --sample 400
+
+overhead: $(VENV)/.installed
+	$(PY) bench/overhead.py
 
 coverage: $(VENV)/.installed
 	$(PY) bench/coverage.py --sample 100
