@@ -219,7 +219,7 @@ class Budget:
         that ends a thinking), hold a closing path from its state again: the path held if it still
         completes, else one searched as at admission. Returns False (the path held unchanged) where none
         of at most ``remaining`` tokens is found."""
-        if len(self.plan) <= remaining and _completes(self.matcher.fork(search=True), self.plan):
+        if len(self.plan) <= remaining and self.matcher.completes(self.plan):
             return True
         found = completion(self.matcher, self.encode, max_tokens=remaining, max_nodes=ADMISSION_NODES, hints=self.hints)
         if found is not None:
@@ -233,9 +233,8 @@ class Budget:
         :data:`REACH` tokens longer than ``plan``), a search of :data:`SEARCH_NODES` states. None if
         none fits. Every path is checked strictly, on a search's fork (no value taken as it comes at a
         dead end: see :class:`~constrain.match.matcher.Matcher`). Leaves ``probe`` as it was."""
-        strict = probe.fork(search=True)
         for candidate in (self._respelled(token, plan), plan):
-            if candidate is not None and len(candidate) <= room and _completes(strict, candidate):
+            if candidate is not None and len(candidate) <= room and probe.completes(candidate):
                 return candidate
         reach = max(room, len(plan) + REACH)
         found = completion(probe, self.encode, max_tokens=reach, max_nodes=0, hints=self.hints)
@@ -258,9 +257,3 @@ class Budget:
             return None
 
 
-def _completes(probe: Matcher, path: list[int]) -> bool:
-    """Whether ``path`` takes ``probe`` to a complete match. Leaves ``probe`` as it was."""
-    taken = probe.accept_tokens(path)
-    done = taken == len(path) and probe.is_completed()
-    probe.rollback(taken)
-    return done

@@ -283,6 +283,34 @@ class Matcher:
             self._values = _Trail(values, self._values.before)
         return True
 
+    def completes(self, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` take this matcher to a complete match, every check strict (no token taken
+        at a dead end: as a search's fork would). Does not change the state: the grammar engine takes
+        the tokens and rolls them back, and the key and value scanners read their text in one pass (the
+        cost of a closing path's check, per vetted token)."""
+        if any(token in self._eos or token >= self.compiled.vocab_size for token in token_ids):
+            probe = self.fork(search=True)  # EOS and padding ids: token by token
+            return probe.accept_tokens(token_ids) == len(token_ids) and probe.is_completed()
+        if self.is_terminated():
+            return False
+        scanner = self._values.state if self._values is not None else self._keys.state if self._keys else None
+        if scanner is not None:
+            data = b"".join(scanner.vocab.texts[token] for token in token_ids)
+            if self._keys is not None and self._keys.state.advance_bytes(data) is None:
+                return False
+            if self._values is not None:
+                values = self._values.state.advance_bytes(data)
+                if values is None or not values.can_end():
+                    return False
+        taken = 0
+        for token in token_ids:
+            if not self._grammar_state.accept_token(token):
+                break
+            taken += 1
+        done = taken == len(token_ids) and bool(self._grammar_state.is_completed())
+        self._grammar_state.rollback(taken)
+        return done
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
         if num_tokens < 0 or num_tokens > self.num_accepted:

@@ -175,7 +175,7 @@ def _generate_both_ways(tiny, monkeypatch, schema: dict, sampling: dict) -> tupl
 
 @pytest.mark.parametrize("schema", CHECKED_SCHEMAS)
 def test_greedy_decoding_writes_the_same_tokens_either_way(tiny, monkeypatch, schema):
-    (lazy, eager), refused = _generate_both_ways(tiny, monkeypatch, schema, {"temperature": 0})
+    (lazy, eager), _ = _generate_both_ways(tiny, monkeypatch, schema, {"temperature": 0})
     assert lazy == eager
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import constrain
 from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
 from constrain.match.values import VIABLE
+from constrain.testing import token_ids
 
 NAMES = st.text(alphabet="abcd", min_size=1, max_size=3)
 SCALARS = st.one_of(
@@ -91,3 +92,65 @@ def test_refusals_and_dead_ends_are_compared(smol_tokenizer, schema):
     """Fixed schemas whose walks are known to meet refused tokens (and a dead end): the comparison is not
     vacuous."""
     assert sum(_compare_along_a_walk(smol_tokenizer, schema, walk_seed) for walk_seed in range(4)) > 100
+
+
+def _closing_agrees(tokenizer, schema: dict, walk_seed: int) -> int:
+    """Walk to a complete match (random tokens of the eager masks, then EOS where allowed); from every
+    step, ``completes`` of the rest of the walk, and of the rest with one token swapped, equals taking the
+    tokens one by one on a search's fork. Returns how many paths completed."""
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), tokenizer)
+    matcher, rng, walk, states = compiled.matcher(), random.Random(walk_seed), [], []
+    eos = set(compiled.tokenizer.eos_token_ids)
+    for _ in range(60):
+        bitmask = allocate_token_bitmask(1, compiled.vocab_size)  # [1, ceil(V / 32)]
+        matcher.fill_next_token_bitmask(bitmask)
+        kept = [t for t in allowed_ids(bitmask[0], compiled.vocab_size).tolist() if t not in eos]
+        if not kept or (matcher.is_completed() and rng.random() < 0.3):
+            break
+        states.append(matcher.fork())
+        walk.append(rng.choice(kept))
+        assert matcher.accept_token(walk[-1])
+    completed = 0
+    for start, state in enumerate(states):
+        rest = walk[start:]
+        swapped = list(rest)
+        swapped[rng.randrange(len(swapped))] = rng.choice(walk)
+        for path in (rest, swapped, rest[:-1]):
+            probe = state.fork(search=True)
+            one_by_one = probe.accept_tokens(path) == len(path) and probe.is_completed()
+            assert state.completes(path) == one_by_one, (schema, start, path)
+            completed += one_by_one
+    return completed
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=30)
+@seed(27)
+@given(schema=SCHEMAS, walk_seed=st.integers(0, 2**16))
+def test_a_paths_check_in_one_pass_agrees_with_token_by_token(smol_tokenizer, schema, walk_seed):
+    _closing_agrees(smol_tokenizer, schema, walk_seed)
+
+
+def test_paths_that_complete_are_compared(smol_tokenizer):
+    schema = {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "maxItems": 2}
+    assert sum(_closing_agrees(smol_tokenizer, schema, walk_seed) for walk_seed in range(6)) > 5
+
+
+@pytest.mark.parametrize(
+    ("schema", "valid", "invalid"),
+    [
+        ({"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True}, '["red","green"]',
+         '["red","red"]'),  # a value check fails inside the path
+        ({"type": "number", "multipleOf": 0.5}, "2.5", "2.3"),  # the grammar is complete, the value cannot end
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+         '{"a":1,"b":2}', '{"a":1,"a":2}'),  # the key guard refuses
+    ],
+)  # fmt: skip
+def test_a_paths_check_refuses_what_tokens_would(smol_tokenizer, schema, valid, invalid):
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer)
+    matcher = compiled.matcher()
+    for text, expected in ((valid, True), (invalid, False)):
+        path = token_ids(smol_tokenizer, text)
+        probe = matcher.fork(search=True)
+        assert (probe.accept_tokens(path) == len(path) and probe.is_completed()) is expected
+        assert matcher.completes(path) is expected
+    assert matcher.num_accepted == 0
