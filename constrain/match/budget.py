@@ -255,5 +255,3 @@ class Budget:
             return self.encode(text[len(piece) :].decode())
         except UnicodeDecodeError:  # the token ends inside a character
             return None
-
-
