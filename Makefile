@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-vllm lint bench maskbench overhead coverage conformance differential termination e2e serve
+.PHONY: demo test test-vllm lint chaos bench maskbench overhead coverage conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
 		$(VLLM_VENV)/bin/python -m pytest -q -o filterwarnings=default tests/with_vllm
+
+# the server's chaos drill: 1,000 requests through HTTP, with disconnects, bad bodies and injected faults
+chaos: $(VENV)/.installed
+	$(PY) -m pytest -q -s -m chaos tests/constrain/serving/test_chaos.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check sampler constrain grammars tests bench examples

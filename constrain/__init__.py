@@ -36,6 +36,7 @@ from constrain.errors import (
     RegexError,
     SchemaError,
     ToolError,
+    UnsatisfiableSchemaError,
     UnsupportedSchemaError,
 )
 from constrain.generate import Request, agenerate, astream, generate, stream
@@ -104,6 +105,7 @@ __all__ = [
     "ToolCalling",
     "ToolError",
     "ToolFormat",
+    "UnsatisfiableSchemaError",
     "UnsupportedSchemaError",
     "Usage",
     "agenerate",

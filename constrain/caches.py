@@ -8,11 +8,13 @@ that returns its figures (:func:`register`). Names are ``"module.what"``.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["bounded", "register", "stats"]
+__all__ = ["bounded", "machine_memory", "register", "stats"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +49,27 @@ def bounded(name: str, maxsize: int) -> Callable[[F], F]:
         return cached  # type: ignore[return-value]
 
     return wrap
+
+
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""Where a container's memory limit is read (cgroup v2, then v1); "max" or a huge number means none."""
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this process may use: the machine's physical memory, or the container's memory
+    limit where smaller; None where it cannot be read. What caches sized to the machine take a share of."""
+    try:
+        found = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
+    for path in _CGROUP_LIMITS:
+        try:
+            limit = path.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            found = min(found, int(limit))
+    return found if found > 0 else None
 
 
 def stats() -> dict[str, dict[str, int]]:

@@ -14,6 +14,7 @@ __all__ = [
     "RegexError",
     "SchemaError",
     "ToolError",
+    "UnsatisfiableSchemaError",
     "UnsupportedSchemaError",
 ]
 
@@ -28,6 +29,21 @@ class SchemaError(ConstraintError, ValueError):
     def __init__(self, message: str, pointer: str = "") -> None:
         self.pointer = pointer
         super().__init__(f"invalid JSON Schema at '{pointer or '/'}': {message}")
+
+
+class UnsatisfiableSchemaError(SchemaError):
+    """The JSON Schema admits no value at all: preparation proves it
+    (:mod:`constrain.constraints.schema_unsatisfiable`).
+
+    ``pointer`` is the JSON pointer of the keyword that leaves no value (``/oneOf``,
+    ``/properties/a/minimum``...), ``reason`` says why. Raised in strict and lenient mode alike: no
+    output is valid, so there is nothing to approximate. A :class:`SchemaError`, so a server answers 400.
+    """
+
+    def __init__(self, reason: str, pointer: str = "") -> None:
+        self.reason = reason
+        self.pointer = pointer
+        ConstraintError.__init__(self, f"the schema admits no value: at '{pointer or '/'}': {reason}")
 
 
 class UnsupportedSchemaError(ConstraintError):

@@ -19,6 +19,12 @@ express a keyword, and records for every keyword at every JSON pointer one of:
 Because the prepared schema always accepts a superset, a valid output is never
 blocked by a rewrite, and post-validation catches what the superset lets through.
 
+A subschema proven to admit no value (``false``, or by :mod:`~constrain.constraints.schema_unsatisfiable`)
+is prepared as ``False``: its enclosing node leaves it out (a property that must be absent, an ``anyOf``
+branch dropped) or loses its value with it (a required key, the only type it allows). Where the root
+admits no value, :func:`prepare` raises :class:`~constrain.errors.UnsatisfiableSchemaError` naming the
+keyword, in lenient mode too: no output is valid, so there is nothing to approximate.
+
 This module holds the contract and the walk that dispatches each keyword (``_Preparer._HANDLERS``);
 the rewrites themselves are pure functions in :mod:`~constrain.constraints.schema_rewrites`, and
 local ``$ref`` resolution (anchors, aliases, ``allOf`` inlining) is :mod:`~constrain.constraints.schema_refs`.
@@ -26,6 +32,7 @@ local ``$ref`` resolution (anchors, aliases, ``allOf`` inlining) is :mod:`~const
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +50,8 @@ from constrain.constraints.schema_rewrites import (
     search_pattern,
     split_by_type,
 )
-from constrain.errors import SchemaError, UnsupportedSchemaError
+from constrain.constraints.schema_unsatisfiable import contradiction, draft_of
+from constrain.errors import SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 
 __all__ = ["SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "CoverageEntry", "Status", "prepare"]
 
@@ -110,6 +118,12 @@ class _Preparer:
         self.closed = closed
         self.coverage: dict[tuple[str, str], CoverageEntry] = {}
         self.refs = References(root, self.schema)
+        self.draft = draft_of(root)  # the draft its output is validated under: the proofs read its keywords
+        # where the proofs resolve "#/..." references: nowhere when an $id below the root moves their base
+        inner = {k: v for k, v in root.items() if k != "$id"} if isinstance(root, dict) else root
+        self.proof_root = None if '"$id"' in json.dumps(inner) else root
+        # per node being prepared, innermost last: its subschemas that admit no value, by pointer, with the proof
+        self.frames: list[dict[str, UnsatisfiableSchemaError]] = [{}]
 
     def mark(self, pointer: str, keyword: str, status: Status, note: str = "") -> None:
         self.coverage[pointer, keyword] = CoverageEntry(pointer, keyword, status, note)
@@ -122,16 +136,70 @@ class _Preparer:
 
     # -- the walk ---------------------------------------------------------------------------
     def schema(self, node: Any, pointer: str) -> Any:
-        """Return the prepared form of ``node``: a dict, or False for an unsatisfiable subschema."""
+        """Return the prepared form of ``node``: a dict, or False where it admits no value (``false``, or
+        proven so); the proof is kept, by ``pointer``, in the enclosing node's frame (:attr:`frames`)."""
         if node is True:
             return {}
+        frame: dict[str, UnsatisfiableSchemaError] = {}
+        self.frames.append(frame)
+        try:
+            return self.node(node, pointer, frame)
+        except UnsatisfiableSchemaError as err:
+            proof = err
+        finally:
+            self.frames.pop()
+        self.frames[-1][pointer] = proof
+        if node is not False:  # where an enclosing node widens it to `true`, values there are checked
+            self.mark(pointer, "false", "checked", f"admits no value ({proof.reason}, at '{proof.pointer or '/'}')")
+        return False
+
+    def node(self, node: Any, pointer: str, frame: dict[str, UnsatisfiableSchemaError]) -> Any:
+        """The prepared form of ``node`` (a dict); ``frame`` collects the proofs of its subschemas that admit
+        no value. Raises ``UnsatisfiableSchemaError`` where ``node`` itself admits none.
+
+        The rewrites read keywords as 2020-12 does; where they find no value in a node whose draft reads
+        one of its keywords otherwise (:meth:`read_otherwise`), that is no proof: the node is refused as
+        a keyword not supported (strict) or approximated (lenient). :func:`contradiction` reads the draft.
+        """
         if node is False:
-            return False
+            raise UnsatisfiableSchemaError("the schema is `false`", pointer)
         if not isinstance(node, dict):
             raise SchemaError(f"a schema is an object or a boolean, got {type(node).__name__}", pointer)
+        proven: list[UnsatisfiableSchemaError] = []
+        try:
+            return self.rewrite(node, pointer, frame, proven)
+        except UnsatisfiableSchemaError as err:
+            keyword = None if any(err is p for p in proven) else self.read_otherwise(node)
+            if keyword is None:
+                raise
+            why = f"no value as draft 2020-12 reads {keyword} ({err.reason}, at '{err.pointer or '/'}')"
+            self.refuse(pointer, keyword, f"{why}; this schema's draft reads {keyword} otherwise")
+            return {}
+
+    def read_otherwise(self, node: dict[str, Any]) -> str | None:
+        """A keyword in ``node`` or below that the schema's draft reads otherwise than 2020-12 (which the
+        rewrites assume): ``$ref`` (before 2019-09, the keywords beside it are ignored) or ``const``
+        (unknown before draft 6). None where there is none."""
+        text = json.dumps(node)
+        if self.draft < 2019 and '"$ref"' in text:
+            return "$ref"
+        if self.draft < 6 and '"const"' in text:
+            return "const"
+        return None
+
+    def rewrite(
+        self,
+        node: dict[str, Any],
+        pointer: str,
+        frame: dict[str, UnsatisfiableSchemaError],
+        proven: list[UnsatisfiableSchemaError],
+    ) -> Any:
+        """:meth:`node`'s walk and rewrites; a proof of :func:`contradiction` is appended to ``proven``
+        before it is raised."""
         out: dict[str, Any] = {}
-        node = dict(node)
-        if "$ref" in node:
+        written, node = node, dict(node)  # `node` becomes the node with its allOf branches merged in
+        referring = "$ref" in node
+        if referring:
             self.reference(node, out, pointer)
         inlined: list[str] = []
         says_open = says_what_else(node)  # before allOf merges, which drop additionalProperties
@@ -149,6 +217,11 @@ class _Preparer:
                     self.keyword(key, value, node, out, pointer)
         finally:
             del expanding[len(expanding) - len(inlined) :]
+        if not (referring and self.draft < 2019):  # before 2019-09, $ref alone counts beside other keywords
+            proof = contradiction(node, pointer, frame, self.proof_root, self.draft, written)
+            if proof is not None:
+                proven.append(proof)
+                raise proof
         self.loosen_for_checked(node, out, pointer)
         declare_required(node, out)
         if self.closed and not says_open:
@@ -208,8 +281,10 @@ class _Preparer:
             if key not in node:
                 continue
             values = [node[key]] if key == "const" else node[key]
-            if key == "enum" and (not isinstance(values, list) or not values):
-                raise SchemaError("enum must be a non-empty array", pointer)
+            if key == "enum" and not isinstance(values, list):
+                raise SchemaError("enum must be an array", pointer)
+            if not values:
+                raise UnsatisfiableSchemaError("enum is empty", f"{pointer}/enum")
             if all(not isinstance(v, (dict, list)) for v in values):
                 out[key] = node[key]
             else:  # the engine cannot express composite literals: spell each out as a schema
@@ -237,7 +312,12 @@ class _Preparer:
             raise SchemaError(f"{key} must be an object", at)
         prepared = {name: self.schema(sub, f"{ptr}/{pointer_token(name)}") for name, sub in value.items()}
         out[key] = {name: ({} if sub is False else sub) for name, sub in prepared.items()}  # false: a superset
-        self.mark(at, key, "enforced")
+        if any(sub is False for sub in prepared.values()):
+            self.mark(
+                at, key, "checked", "a subschema that admits no value is `true` to the engine; validated afterwards"
+            )
+        else:
+            self.mark(at, key, "enforced")
 
     def _one_subschema(
         self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
@@ -255,7 +335,9 @@ class _Preparer:
             self.mark(at, key, "enforced" if len(live) == len(branches) else "checked")
             return
         if not live:
-            raise UnsupportedSchemaError(key, at, "every branch is `false`: no value satisfies it")
+            first = self.frames[-1].get(f"{ptr}/0")
+            why = f" (branch 0: {first.reason}, at '{first.pointer or '/'}')" if first is not None else ""
+            raise UnsatisfiableSchemaError(f"no branch admits a value{why}", ptr)
         out["anyOf"] = live
         if key == "oneOf":
             self.mark(at, key, "checked", "branches enforced as anyOf; exclusivity validated afterwards")
@@ -355,15 +437,17 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
 
     Raises
     ------
+    UnsatisfiableSchemaError
+        The schema admits no value (proven; in both modes), naming the keyword that leaves none.
     SchemaError
         A dangling ``$ref`` or a malformed keyword (with its JSON pointer).
     UnsupportedSchemaError
         Strict mode, and a keyword that can be neither enforced nor checked.
     """
     preparer = _Preparer(schema, lenient, closed)
-    if schema is False:
-        raise UnsupportedSchemaError("false", "", "the schema `false` accepts no value")
     prepared = preparer.schema(schema, "")
+    if prepared is False:
+        raise preparer.frames[0][""]
     if preparer.refs.alias_defs:
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
     return prepared, tuple(sorted(preparer.coverage.values(), key=lambda e: (e.pointer, e.keyword)))

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from constrain.constraints.schema_rewrites import combine, merge_into
-from constrain.errors import SchemaError, UnsupportedSchemaError
+from constrain.errors import SchemaError, UnsatisfiableSchemaError
 
 __all__ = ["References", "pointer_token", "resolve_local"]
 
@@ -125,7 +125,7 @@ class References:
 
         Returns the merged node, the references inlined into it, and whether the merge is exact.
         ``node`` does not change. Raises ``SchemaError`` for a malformed ``allOf``,
-        ``UnsupportedSchemaError`` when a branch is ``false`` or branches contradict each other.
+        ``UnsatisfiableSchemaError`` when a branch is ``false`` or branches contradict each other.
         """
         branches = node.get("allOf")
         if not isinstance(branches, list) or not branches:
@@ -134,13 +134,19 @@ class References:
         exact = True
         inlined: list[str] = []
         for i, raw in enumerate(branches):
-            branch = self.inline(raw, f"{pointer}/allOf/{i}", inlined)
-            if branch is None:
-                exact = False
-                continue
-            if branch is False:
-                raise UnsupportedSchemaError("allOf", pointer, "a branch is `false`: no value satisfies the schema")
-            exact &= merge_into(merged, branch)
+            try:
+                branch = self.inline(raw, f"{pointer}/allOf/{i}", inlined)
+                if branch is None:
+                    exact = False
+                    continue
+                if branch is False:
+                    raise UnsatisfiableSchemaError("the schema is `false`", f"{pointer}/allOf/{i}")
+                exact &= merge_into(merged, branch)
+            except UnsatisfiableSchemaError as err:
+                if err.pointer:
+                    raise
+                why = f"{err.reason}, between branch {i} and the keywords before it"
+                raise UnsatisfiableSchemaError(why, f"{pointer}/allOf") from None
         return merged, inlined, exact
 
     def inline(self, branch: Any, pointer: str, inlined: list[str]) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from constrain.errors import UnsupportedSchemaError
+from constrain.errors import UnsatisfiableSchemaError
 
 __all__ = [
     "ANNOTATIONS",
@@ -143,7 +143,10 @@ _TAKE_MIN = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxPropert
 
 
 def merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
-    """Intersect ``branch`` into ``merged``; return False where the result had to be a superset."""
+    """Intersect ``branch`` into ``merged``; return False where the result had to be a superset.
+
+    Raises ``UnsatisfiableSchemaError`` (its pointer empty: the caller knows where) when the two share no
+    value: their types never meet, or their enums share no value."""
     exact = True
     for key, value in branch.items():
         if key in ANNOTATIONS:
@@ -162,15 +165,20 @@ def merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
             props = dict(merged[key])
             for name, sub in value.items():
                 if name in props and props[name] != sub:
-                    if (
+                    if props[name] is False or sub is False:
+                        props[name] = False
+                    elif (
                         isinstance(props[name], dict)
                         and isinstance(sub, dict)
                         and "$ref" not in props[name]
                         and "$ref" not in sub
                     ):
                         combined = dict(props[name])
-                        exact &= merge_into(combined, sub)
-                        props[name] = combined
+                        try:
+                            exact &= merge_into(combined, sub)
+                            props[name] = combined
+                        except UnsatisfiableSchemaError:
+                            props[name] = False  # no value of the key satisfies both: the key must be absent
                     else:
                         exact = False  # keep the first: a superset of the intersection
                 else:
@@ -185,12 +193,12 @@ def merge_into(merged: dict[str, Any], branch: dict[str, Any]) -> bool:
                 b.add("integer")
             common = sorted(a & b)
             if not common:
-                raise UnsupportedSchemaError("allOf", "", f"types {sorted(a)} and {sorted(b)} never meet")
+                raise UnsatisfiableSchemaError(f"types {sorted(a)} and {sorted(b)} never meet")
             merged[key] = common[0] if len(common) == 1 else common
         elif key == "enum":
             common_values = [v for v in merged[key] if v in value]
             if not common_values:
-                raise UnsupportedSchemaError("allOf", "", "enums share no value")
+                raise UnsatisfiableSchemaError("enums share no value")
             merged[key] = common_values
         elif key == "additionalProperties":
             exact = False  # its meaning depends on the branch's own properties: drop it (superset)
@@ -204,7 +212,7 @@ def distribute_any_of(out: dict[str, Any], pointer: str, notes: list[str]) -> di
     """``{S, anyOf: [A, B]}`` means ``anyOf: [S and A, S and B]``: spell it out for the engine.
 
     Returns the rewritten node (``out`` itself when there is nothing to distribute); appends to ``notes``
-    why the result is only a superset, if it is. Raises ``UnsupportedSchemaError`` when no branch is
+    why the result is only a superset, if it is. Raises ``UnsatisfiableSchemaError`` when no branch is
     compatible with the keywords beside it.
     """
     branches = out.get("anyOf")
@@ -225,11 +233,13 @@ def distribute_any_of(out: dict[str, Any], pointer: str, notes: list[str]) -> di
                     merged += nested["anyOf"]
                     continue
                 both = nested
-        except UnsupportedSchemaError:
+        except UnsatisfiableSchemaError:
             continue  # this branch contradicts its siblings: no value takes it
         merged.append(both)
     if not merged:
-        raise UnsupportedSchemaError("anyOf", pointer, "no branch is compatible with the keywords beside it")
+        raise UnsatisfiableSchemaError(
+            "no branch of anyOf is compatible with the keywords beside it", f"{pointer}/anyOf"
+        )
     if not exact:
         notes.append("merged with the keywords beside it into a superset")
     return {**{k: v for k, v in out.items() if k in ("$defs", "definitions")}, "anyOf": merged}

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,9 +35,11 @@ from constrain.decode.request import InFlight
 from constrain.decode.speculative import Acceptance, Proposer, plan_drafts
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
-from sampler import Sampler, SamplingMetadata
+from sampler import Sampler, SamplingMetadata, SamplingParams
 
 __all__ = ["DecodeLoop", "project_only", "run"]
+
+log = logging.getLogger("constrain.decode.loop")
 
 
 class _Clock:
@@ -92,6 +96,17 @@ class DecodeLoop:
 
     ``timings`` collects seconds per stage (forward, mask, sampler, checks, stop+detokenize).
 
+    ``prefix_cache_bytes``: the bound on the KV of recent prompts kept for reuse
+    (:class:`~constrain.decode.kv.PrefixCache`; default None: sized to the machine, at most 512 MiB; 0: none).
+
+    One request never breaks another: an exception while masking, sampling, checking or advancing one
+    row (detokenizing, stop strings, its ``on_event``) ends that row alone (:meth:`InFlight.fail
+    <constrain.decode.request.InFlight.fail>`: ``finish_reason="error"``, the exception in ``fault``, logged
+    with its ``request_id``); the rest of the step runs again without it, so its neighbours write what
+    they would have written. A batched stage that fails is retried row by row to find the culprit: the
+    cost falls on the failing step only. What cannot be told apart by row (the forward pass: out of
+    memory) propagates from :meth:`step`.
+
     Value checks (keywords beyond the grammar) run on the token drawn where the sampling allows it
     exactly (:mod:`constrain.decode.checked`: greedy, or no top-k, top-p or min-p, no logprobs): the mask
     is then the grammar's, a refused token is cleared and its slot drawn again. Elsewhere the mask is
@@ -107,6 +122,7 @@ class DecodeLoop:
         jump_forward: bool = True,
         speculative: bool | Proposer = True,
         forward_cost: cost.ForwardCost | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         self.handle = handle
         self.clock = _Clock(timings)
@@ -124,7 +140,7 @@ class DecodeLoop:
         # a prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self._cache_keyword = cost.cache_keyword(handle.model)
-        self.prefixes = PrefixCache()
+        self.prefixes = PrefixCache(prefix_cache_bytes)
         self._merges = False  # whether the model's cache takes joining rows (learnt at the first prefill)
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
@@ -200,30 +216,123 @@ class DecodeLoop:
         rows, drafts = self.active + joining, self._drafts + [[] for _ in joining]
         if not rows:
             return
-        vocab, device = self.handle.vocab_size, self.device
         with torch.inference_mode():
             # the masks depend only on the tokens so far: fill them beside the forward pass
             pool = self._pool
-            pending = pool.submit(slot_masks, rows, drafts, vocab, self.decode) if pool is not None else None
+            pending = pool.submit(self._masks, rows, drafts) if pool is not None else None
             with self.clock("forward"):
                 logits = self._forward(plan)  # [P, V]: every slot's next-token logits
             with self.clock("mask"):  # with overlap: what is left of the fill once the forward is done
-                masks = pending.result() if pending is not None else slot_masks(rows, drafts, vocab, self.decode)
-                bitmask = masks.bitmask.to(device) if masks.bitmask is not None else None
+                masks = pending.result() if pending is not None else self._masks(rows, drafts)
             with self.clock("sampler"):
                 histories = [(rows[i], drafts[i][:j]) for i, d in enumerate(drafts) for j in range(len(d) + 1)]
                 # the sampler may overwrite its logits: the checked slots' are kept for a second draw
                 kept = logits[[c.slot for c in masks.checked]] if masks.checked else None  # [k, V]
-                sampled = _sample(self.sampler, histories, logits, vocab, device, bitmask, masks.slots)
+                sampled = self._sample_all(histories, logits, masks)
                 tokens = sampled.token_ids.tolist()
             if kept is not None:
                 with self.clock("checks"):
-                    self._settle(masks, kept, histories, tokens)
+                    self._settle_all(masks, kept, histories, tokens)
             with self.clock("stop+detokenize"):
                 keep = self._advance(tokens, sampled.logprobs)
             self._select(keep)
             if self.active:
                 self._next_inputs()
+
+    def _isolate(self, rows: Sequence[InFlight], stage: str, attempt: Callable[[InFlight], object]) -> bool:
+        """After a batched stage failed: ``attempt(row)`` for each live row alone, failing the rows that raise
+        (:meth:`_fail`). Returns whether any row failed (else the fault is not one row's)."""
+        failed = False
+        for r in rows:
+            if r.finish_reason is None:
+                try:
+                    attempt(r)
+                except Exception as err:
+                    self._fail(r, err, stage)
+                    failed = True
+        return failed
+
+    @staticmethod
+    def _fail(r: InFlight, err: BaseException, stage: str) -> None:
+        """End row ``r`` alone after ``err`` in ``stage`` (logged with its request id)."""
+        log.error("request %s failed while %s; its batch goes on", r.request_id or hex(id(r)), stage, exc_info=err)
+        r.fail(err, stage)
+
+    def _masks(self, rows: list[InFlight], drafts: list[list[int]]) -> SlotMasks:
+        """:func:`~constrain.decode.masks.slot_masks` of the step; where it raises, the rows that raise alone
+        fail and the others' masks are filled again (a failed row's slots get no mask row)."""
+        vocab, decode = self.handle.vocab_size, self.decode
+        try:
+            return slot_masks(rows, drafts, vocab, decode)
+        except Exception:
+            index = {id(r): i for i, r in enumerate(rows)}
+            if not self._isolate(rows, "masking", lambda r: slot_masks([r], [drafts[index[id(r)]]], vocab, decode)):
+                raise
+        return slot_masks(rows, drafts, vocab, decode)
+
+    def _sample_all(
+        self,
+        histories: list[tuple[InFlight, list[int]]],
+        # [P, V] float: every slot's logits; a failed row's are zeroed (in place) before the retry
+        logits: torch.Tensor,
+        masks: SlotMasks,
+    ) -> Any:
+        """One sampler call for every slot; where it raises, the rows whose slots raise alone fail, and the
+        call runs again with their slots neutral (zero logits, no mask, greedy), their tokens then unused."""
+        vocab, device = self.handle.vocab_size, self.device
+
+        def call(slots: list[int], hist: list[tuple[Any, list[int]]]) -> Any:
+            if len(slots) == len(histories):  # every slot (the common case: no copy of the bitmask)
+                bitmask = masks.bitmask.to(device) if masks.bitmask is not None else None
+                return _sample(self.sampler, hist, logits, vocab, device, bitmask, masks.slots)
+            position = {slot: k for k, slot in enumerate(slots)}
+            rows = [k for k, slot in enumerate(masks.slots) if slot in position]  # their bitmask rows
+            bitmask = masks.bitmask[rows].to(device) if masks.bitmask is not None and rows else None
+            # slots and bitmask rows keep their order, so row k of the bitmask is slot position[masks.slots[k]]
+            index = [position[masks.slots[k]] for k in rows]
+            return _sample(self.sampler, hist, logits[slots], vocab, device, bitmask, index)
+
+        every = list(range(len(histories)))
+        try:
+            return call(every, list(histories))
+        except Exception:
+            owned: dict[int, list[int]] = {}
+            for slot, (r, _) in enumerate(histories):
+                owned.setdefault(id(r), []).append(slot)
+            rows = list({id(r): r for r, _ in histories}.values())
+            if not self._isolate(rows, "sampling", lambda r: call(owned[id(r)], [histories[k] for k in owned[id(r)]])):
+                raise
+        idle = [k for k, (r, _) in enumerate(histories) if r.finish_reason is not None]
+        logits[idle] = 0.0
+        return call(every, [(_IDLE, []) if r.finish_reason is not None else (r, extra) for r, extra in histories])
+
+    def _settle_all(
+        self,
+        masks: SlotMasks,
+        # [k, V]: the logits of the slots in masks.checked, in order, as the forward computed them
+        logits: torch.Tensor,
+        histories: list[tuple[InFlight, list[int]]],
+        # per slot: the tokens drawn; updated in place
+        tokens: list[int],
+    ) -> None:
+        """:meth:`_settle`; where a row's value check raises, that row fails and the rest settle."""
+        try:
+            self._settle(masks, logits, histories, tokens)
+            return
+        except Exception:
+            owner = {c.slot: histories[c.slot][0] for c in masks.checked}
+            checked = {id(r): [c for c in masks.checked if owner[c.slot] is r] for r in owner.values()}
+
+            def check(r: InFlight) -> None:
+                for c in checked[id(r)]:
+                    c.matcher.allows(max(tokens[c.slot], 0), c.filled)
+                    c.matcher.check_row(c.filled.clone())
+
+            if not self._isolate(list(owner.values()), "checking values", check):
+                raise
+        live = [k for k, c in enumerate(masks.checked) if histories[c.slot][0].finish_reason is None]
+        rest = SlotMasks(masks.slots, masks.bitmask, [masks.checked[k] for k in live])
+        self._settle(rest, logits[live], histories, tokens)
 
     def _settle(
         self,
@@ -303,17 +412,21 @@ class DecodeLoop:
         keep, rejected = [], []  # rejected: (row, first block column whose draft is not kept)
         slot = 0
         for i, r in enumerate(self.active):
-            finished, confirmed, drafts = False, len(self._drafts[i]), self._drafts[i]
-            for j in range(len(drafts) + 1):
-                token = tokens[slot + j]
-                if r.params.logprobs is not None and logprobs is not None and token >= 0:
-                    r.record_logprobs(logprobs, slot + j)
-                finished = r.step(token)
-                if finished or j == len(drafts):
-                    break
-                if token != drafts[j] or r.output_ids[-1] != token:
-                    confirmed = j  # drafts j+1.. were computed on a history that did not happen
-                    break
+            finished, confirmed, drafts = r.finish_reason is not None, len(self._drafts[i]), self._drafts[i]
+            try:
+                for j in range(0 if finished else len(drafts) + 1):
+                    token = tokens[slot + j]
+                    if r.params.logprobs is not None and logprobs is not None and token >= 0:
+                        r.record_logprobs(logprobs, slot + j)
+                    finished = r.step(token)
+                    if finished or j == len(drafts):
+                        break
+                    if token != drafts[j] or r.output_ids[-1] != token:
+                        confirmed = j  # drafts j+1.. were computed on a history that did not happen
+                        break
+            except Exception as err:
+                self._fail(r, err, "advancing")
+                finished = True
             slot += len(drafts) + 1
             if not finished:
                 keep.append(i)
@@ -342,7 +455,7 @@ class DecodeLoop:
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
-        drafts = [next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward) for r in self.active]
+        drafts = [self._next_drafts(r) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         relative = functools.partial(self._relative_cost, len(self.active))
@@ -357,6 +470,15 @@ class DecodeLoop:
         block = self._mask.new_tensor([[1] * (1 + len(d)) + [0] * (width - 1 - len(d)) for d in self._drafts])
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
+
+    def _next_drafts(self, r: InFlight) -> tuple[list[int], bool]:
+        """:func:`~constrain.decode.drafts.next_drafts` of ``r``; where it raises, ``r`` fails (no drafts;
+        it leaves the batch at the next step)."""
+        try:
+            return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward)
+        except Exception as err:
+            self._fail(r, err, "drafting")
+            return [], False
 
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row (measures the
@@ -416,6 +538,18 @@ def run(
                 for r in requests:
                     loop.cancel(r)
             loop.step()
+
+
+@dataclass(frozen=True)
+class _Idle:
+    """A failed row's slots in a sampler call's retry: greedy, no penalties (their tokens are unused)."""
+
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+
+_IDLE: Any = _Idle()
 
 
 def _sample(

@@ -65,6 +65,9 @@ def slot_masks(
     filtered: list[tuple[int, MaskFilter, str]] = []  # (mask row, the row's filter, its drafts' text)
     slot = 0
     for i, r in enumerate(active):
+        if r.finish_reason is not None:  # ended in this step (its fault): its slots are not sampled from
+            slot += len(drafts[i]) + 1
+            continue
         if r.thinking is not None and r.thinking.open:  # (no drafts while thinking)
             thinking.append((len(slots), r.thinking))
             slots.append(slot)

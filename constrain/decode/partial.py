@@ -83,7 +83,7 @@ class PartialJson:
         self._token: list[str] = []  # the text of the string, key or scalar being written
         self._escaped = False  # inside a string, after a backslash
         self._root: Any = _MISSING  # the whole value, once complete
-        self._adapters: dict[Any, pydantic.TypeAdapter[Any]] = {}
+        self._adapters: dict[Any, pydantic.TypeAdapter[Any]] = {}  # per member type; goes with this parser
 
     def feed(self, text: str, *, final: bool = False) -> tuple[str, ...]:
         """Take the next piece of the text; return the pointers of the values it completed (innermost

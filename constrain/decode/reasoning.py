@@ -169,7 +169,7 @@ class Thinking:
         self.tokens = 0  # tokens of thinking so far, tags included
         self.text = ""  # the thinking so far, tags excluded (what was emitted)
         self._raw = ""  # text not emitted yet: before the start tag, or a possible beginning of the end tag
-        self._closings: dict[int, list[int]] = {}
+        self._closings: dict[int, list[int]] = {}  # per end-tag characters held: at most len(end) entries
         ids = {self.start: encode(self.start), self.end: encode(self.end)}
         self._special = {tag: ids[tag][0] for tag in tags if len(ids[tag]) == 1 and ids[tag][0] in set(special_ids)}
         self._longest_closing = max(len(self._closing(held)) for held in range(len(self.end)))

@@ -89,6 +89,8 @@ class InFlight:
     text: str = ""
     finish_reason: FinishReason | None = None
     error: str | None = None
+    fault: BaseException | None = None  # what ended it where its step failed (a bug, or a callback of its own)
+    request_id: str = ""  # a caller's name for it, in logs (a server's response id)
     stop_hit: bool = False  # a stop string or regex ended it (its text is already cut)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -178,6 +180,16 @@ class InFlight:
             self.finish_reason = "stop"
             return
         self._emit(update.text + self.stop.flush(), [])
+
+    def fail(self, err: BaseException, stage: str) -> None:
+        """End the request after ``err`` was raised in ``stage`` of its step: ``finish_reason="error"``,
+        ``err`` kept in :attr:`fault`. Flushes what it can (as :meth:`finish`); never raises."""
+        self.fault = err
+        message = f"internal error while {stage} ({type(err).__name__}); the request ended, its batch went on"
+        try:
+            self.finish("error", message)
+        except Exception:  # the detokenizer or a callback is what failed: end without flushing
+            self.finish_reason, self.error = "error", message
 
     def step(self, token: int) -> bool:
         """Take the sampled token; return True when the request is finished."""

@@ -17,6 +17,8 @@ to yield against what the wider pass costs (:class:`constrain.models.cost.Forwar
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from constrain import caches
 from constrain.match.bitmask import allocate_token_bitmask
 from constrain.match.matcher import Matcher
 from constrain.models.cost import cache_keyword
@@ -32,6 +35,7 @@ from sampler.ops.bitmask import apply_token_bitmask_inplace
 
 __all__ = [
     "ACCEPTANCE_PRIOR",
+    "DRAFT_PROMPTS_CACHED",
     "Acceptance",
     "DraftModelProposer",
     "NgramProposer",
@@ -43,6 +47,9 @@ __all__ = [
 
 ACCEPTANCE_PRIOR = 0.5
 """Share of drafts expected to be accepted before any evidence (the built-in proposers' default)."""
+
+DRAFT_PROMPTS_CACHED = 64
+"""Prompts whose draft KV cache a :class:`DraftModelProposer` keeps by default."""
 
 
 class Proposer(Protocol):
@@ -107,20 +114,26 @@ class DraftModelProposer:
 
     Keeps a KV cache per prompt (at most ``max_cached`` prompts, least recently used dropped) and
     crops it to the longest prefix still valid, so each step feeds the draft model only the tokens
-    it has not seen. The draft model runs where its parameters live.
+    it has not seen. The draft model runs where its parameters live. The caches of every live proposer
+    are reported together as ``"decode.speculative.draft_kv"`` by :func:`constrain.cache_stats`.
 
     Parameters
     ----------
     model : ModelHandle, or anything :func:`constrain.load_model` takes
     k : int, default: 4
         Most drafts per step (the loop's own cap, ``MAX_DRAFT``, applies as well).
-    max_cached : int, default: 64
+    max_cached : int, default: :data:`DRAFT_PROMPTS_CACHED`
         Prompts whose draft KV cache is kept.
     acceptance_prior : float, default: :data:`ACCEPTANCE_PRIOR`
     """
 
     def __init__(
-        self, model: ModelHandle | Any, *, k: int = 4, max_cached: int = 64, acceptance_prior: float = ACCEPTANCE_PRIOR
+        self,
+        model: ModelHandle | Any,
+        *,
+        k: int = 4,
+        max_cached: int = DRAFT_PROMPTS_CACHED,
+        acceptance_prior: float = ACCEPTANCE_PRIOR,
     ) -> None:
         if k < 1 or max_cached < 1:
             raise ValueError(f"k and max_cached must be at least 1, got {k} and {max_cached}")
@@ -131,6 +144,10 @@ class DraftModelProposer:
         self.max_cached = max_cached
         self._caches: OrderedDict[tuple[int, ...], tuple[list[int], Any]] = OrderedDict()
         self._checked: set[int] = set()  # ids of the target tokenizers found compatible
+        self.hits = 0  # proposals that found their prompt's draft KV kept
+        self.misses = 0
+        with _live_lock:
+            _live.add(self)
 
     def cached(self, prompt: Sequence[int]) -> tuple[list[int], Any] | None:
         """The draft model's KV cache kept for ``prompt``: (the ids it holds, the cache), or None."""
@@ -167,6 +184,10 @@ class DraftModelProposer:
             if a != b:
                 break
             common += 1
+        if cache is None:
+            self.misses += 1
+        else:
+            self.hits += 1
         if cache is None or common == 0:
             cache, common = DynamicCache(), 0
         elif cache.get_seq_length() > common:
@@ -190,6 +211,35 @@ class DraftModelProposer:
         while len(self._caches) > self.max_cached:
             self._caches.popitem(last=False)
         return drafts
+
+
+_live: weakref.WeakSet[DraftModelProposer] = weakref.WeakSet()
+"""Every :class:`DraftModelProposer` alive: their KV caches are reported together."""
+_live_lock = threading.Lock()
+
+
+def _draft_kv_figures() -> dict[str, int]:
+    """The live draft proposers' KV caches together: prompts kept (``entries``), their bytes (keys and
+    values of every layer), hits and misses, and the sum of their ``max_cached`` (``maxsize``; the
+    default's while none lives)."""
+    with _live_lock:
+        live = list(_live)
+    kept = [cache for proposer in live for _, cache in list(proposer._caches.values())]
+    held = sum(
+        tensor.nelement() * tensor.element_size()
+        for cache in kept
+        for layer in getattr(cache, "layers", ())
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None))
+        if isinstance(tensor, torch.Tensor)
+    )
+    return {
+        "instances": len(live), "entries": len(kept), "bytes": held,
+        "maxsize": sum(p.max_cached for p in live) if live else DRAFT_PROMPTS_CACHED,
+        "hits": sum(p.hits for p in live), "misses": sum(p.misses for p in live),
+    }  # fmt: skip
+
+
+caches.register("decode.speculative.draft_kv", _draft_kv_figures)
 
 
 def _check_share(name: str, value: float) -> None:

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import regex
 
+from constrain import caches
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
 from constrain.constraints.constraint import EmbeddedJson
@@ -42,12 +45,29 @@ from constrain.constraints.schema_refs import resolve_local
 from constrain.match.embedded import CallValues
 from constrain.match.values import Dnf, ValueState
 
-__all__ = ["BEYOND_GRAMMAR", "FALSE", "MAX_ALTERNATIVES", "MONOTONE", "TRUE", "CallChecks", "ValueChecks"]
+__all__ = [
+    "BEYOND_GRAMMAR",
+    "FALSE",
+    "MAX_ALTERNATIVES",
+    "MEMO_ENTRIES",
+    "MEMO_KEY_CHARS",
+    "MONOTONE",
+    "TRUE",
+    "CallChecks",
+    "ValueChecks",
+]
 
 TRUE: Dnf = frozenset({frozenset()})
 FALSE: Dnf = frozenset()
 MAX_ALTERNATIVES = 64
 """A location with more alternatives than this is not checked (a weaker, still necessary condition)."""
+
+MEMO_ENTRIES = 100_000
+"""Entries of each of a :class:`ValueChecks`' two memos (children, verdicts) before it starts over."""
+
+MEMO_KEY_CHARS = 1024
+"""Longest value (its text, or a string's length) whose verdict is memoized: a long string or a
+growing container is seldom judged twice, and keeping each step of it would hold the square of its size."""
 
 BEYOND_GRAMMAR = frozenset(
     {
@@ -78,9 +98,14 @@ class ValueChecks:
     ``schema`` is the schema as the user wrote it; ``validator`` checks against it (``jsonschema``,
     its draft, formats asserted); ``coverage`` is the preparer's, whose ``checked`` pointers say where the
     grammar accepts a superset; ``everywhere``: keywords under check wherever they appear (the grammar
-    is loose on them schema-wide). Thread-safe: its caches only ever gain entries that are equal
-    (the validators per subschema are as many as the schema has subschemas; the children and verdicts
-    start over past 100 000 entries).
+    is loose on them schema-wide). Thread-safe: its caches only ever gain entries that are equal.
+
+    It lives as long as its compiled constraint (in the compile cache), so its memos are bounded: the
+    validators per subschema are as many as the schema has subschemas; the children and verdicts
+    each start over at :data:`MEMO_ENTRIES` entries, and no verdict on a value longer than
+    :data:`MEMO_KEY_CHARS` is kept. The memos of every live instance are reported together as
+    ``"match.checks.memos"`` by :func:`constrain.cache_stats` (hits and misses approximate under
+    concurrency: plain counters).
     """
 
     def __init__(
@@ -97,6 +122,15 @@ class ValueChecks:
         self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
         self._validators: dict[int, Any] = {}  # per subschema index, its validator (made on first use)
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
+        self.hits = 0  # of the children and verdicts memos
+        self.misses = 0
+        with _live_lock:
+            _live.add(self)
+
+    @property
+    def memo_entries(self) -> int:
+        """Entries of the children and verdicts memos now."""
+        return len(self._children) + len(self._verdicts)
 
     def initial_state(self, info: TokenizerInfo) -> ValueState:
         """The scanner's state before any output, for a tokenizer."""
@@ -201,11 +235,14 @@ class ValueChecks:
     def child(self, location: Dnf, key: str | int) -> Dnf:
         """The location of member ``key`` (a str) of an object, or item ``key`` (an int) of an array."""
         found = self._children.get((location, key))
-        if found is None:
-            found = _or(self._child_alternative(alternative, key) for alternative in location)
-            if len(self._children) > 100_000:
-                self._children.clear()
-            self._children[location, key] = found
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        found = _or(self._child_alternative(alternative, key) for alternative in location)
+        if len(self._children) >= MEMO_ENTRIES:
+            self._children.clear()
+        self._children[location, key] = found
         return found
 
     def _child_alternative(self, alternative: frozenset[int], key: str | int) -> Dnf:
@@ -265,14 +302,20 @@ class ValueChecks:
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
         """Whether ``value`` may stand at ``location`` (every subschema of some alternative holds); with
         ``prefix``, whether the open container ``value`` (its completed items or members) may still grow
-        into one. Memoized per value."""
+        into one. Memoized per value (up to :data:`MEMO_KEY_CHARS` characters)."""
         scalar = value is None or isinstance(value, (str, int, float))
-        key = (location, prefix, (type(value), value) if scalar else json.dumps(value, sort_keys=True))
+        as_key = (type(value), value) if scalar else json.dumps(value, sort_keys=True)
+        key = (location, prefix, as_key)
         verdict = self._verdicts.get(key)
-        if verdict is None:
-            valid = self._prefix_valid if prefix else self._valid
-            verdict = any(all(valid(index, value) for index in alternative) for alternative in location)
-            if len(self._verdicts) > 100_000:
+        if verdict is not None:
+            self.hits += 1
+            return verdict
+        self.misses += 1
+        valid = self._prefix_valid if prefix else self._valid
+        verdict = any(all(valid(index, value) for index in alternative) for alternative in location)
+        chars = len(value) if isinstance(value, str) else 0 if scalar else len(as_key)
+        if chars <= MEMO_KEY_CHARS:
+            if len(self._verdicts) >= MEMO_ENTRIES:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
@@ -314,6 +357,26 @@ class ValueChecks:
             return checker is None or bool(checker.is_valid(container))
         except Exception:
             return True
+
+
+_live: weakref.WeakSet[ValueChecks] = weakref.WeakSet()
+"""Every :class:`ValueChecks` alive (one per compiled JSON Schema constraint that needs checks)."""
+_live_lock = threading.Lock()
+
+
+def _memo_figures() -> dict[str, int]:
+    """The live value checks' memos together: entries, hits, misses, and their bound (``maxsize``:
+    both memos of every instance, or of one while none lives)."""
+    with _live_lock:
+        live = list(_live)
+    return {
+        "instances": len(live), "entries": sum(c.memo_entries for c in live),
+        "maxsize": 2 * MEMO_ENTRIES * max(len(live), 1),
+        "hits": sum(c.hits for c in live), "misses": sum(c.misses for c in live),
+    }  # fmt: skip
+
+
+caches.register("match.checks.memos", _memo_figures)
 
 
 def _subschemas(node: dict[str, Any]) -> Iterable[Any]:

@@ -109,6 +109,7 @@ class ValueState:
     mode: int = _VALUE
     stack: tuple[_Frame, ...] = ()
     text: bytes = b""  # the string, key or scalar being written, as written
+    # this state's own (one entry, "candidates"): it goes with the state, so it needs no bound
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod

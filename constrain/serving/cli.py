@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together")
+    serve.add_argument(
+        "--prefix-cache-mib", type=float, default=None,
+        help="KV of recent prompts kept for reuse, MiB (default: 5%% of memory, at most 512)",
+    )  # fmt: skip
     export = commands.add_parser("export", help="write the model as a Hugging Face folder (for vLLM, transformers)")
     export.add_argument("folder", type=Path, help="an empty or new folder, or a previous export with --overwrite")
     export.add_argument(
@@ -133,7 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
     except (ModelNotFoundError, OSError) as err:
         print(f"constrain: error: {err}", file=sys.stderr)
         return 2
-    serve(handle, host=args.host, port=args.port, max_batch=args.max_batch)
+    limit = None if args.prefix_cache_mib is None else int(args.prefix_cache_mib * (1 << 20))
+    serve(handle, host=args.host, port=args.port, max_batch=args.max_batch, prefix_cache_bytes=limit)
     return 0
 
 

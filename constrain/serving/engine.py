@@ -9,6 +9,7 @@ both over to their own thread or event loop (``loop.call_soon_threadsafe``).
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -23,6 +24,8 @@ from constrain.results import GenerationResult
 
 __all__ = ["Engine"]
 
+log = logging.getLogger("constrain.serving.engine")
+
 Done = Callable[[InFlight, GenerationResult | BaseException], None]
 """Called once per request with the request and its result (or the exception that ended it)."""
 
@@ -36,9 +39,16 @@ class Engine:
     max_batch : int, default: 32
         Most requests in the batch at once; later ones wait, in order of arrival.
     jump_forward, speculative, forward_cost : as in :func:`constrain.generate`
+    prefix_cache_bytes : int or None, default: None (sized to the machine, at most 512 MiB)
+        The bound on the prompts' KV kept for reuse (:class:`~constrain.decode.kv.PrefixCache`), in bytes.
 
-    A failure of a step (which would be a bug, or the model running out of memory) ends every request
-    in flight with that exception and the engine keeps serving new ones.
+    One request never breaks another: a fault in one request's row (masking, sampling, advancing,
+    detokenizing, its ``on_event``) ends that request alone, whose ``on_done`` gets the exception
+    (:attr:`InFlight.fault <constrain.decode.request.InFlight.fault>`); its neighbours go on (see
+    :class:`~constrain.decode.loop.DecodeLoop`). A failure no row is to blame for (the forward pass: out
+    of memory) ends every request in flight with that exception, and the engine serves new ones on a
+    fresh loop. Nothing a request or a callback raises ends the engine's thread: a raising ``on_done``
+    is logged (``failures`` counts every request ended by a fault, ``callback_errors`` the callbacks).
     """
 
     def __init__(
@@ -49,13 +59,19 @@ class Engine:
         jump_forward: bool = True,
         speculative: bool | Proposer = True,
         forward_cost: ForwardCost | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.handle = handle
         self.max_batch = max_batch
         self._new_loop = functools.partial(
-            DecodeLoop, handle, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost
+            DecodeLoop,
+            handle,
+            jump_forward=jump_forward,
+            speculative=speculative,
+            forward_cost=forward_cost,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         self._inbox: queue.SimpleQueue[tuple[str, Any, Done | None]] = queue.SimpleQueue()
         self._waiting: list[tuple[InFlight, Done]] = []
@@ -63,6 +79,8 @@ class Engine:
         self._closed = False
         self.steps = 0  # forward passes run, for tests and metrics
         self.peak_batch = 0  # most requests in the batch at once
+        self.failures = 0  # requests ended by a fault (theirs, or a step's)
+        self.callback_errors = 0  # on_done calls that raised (logged)
         self._changed = threading.Condition()  # notified after every step: wait_idle
         self._thread = threading.Thread(target=self._serve, name="constrain-engine", daemon=True)
         self._thread.start()
@@ -105,28 +123,50 @@ class Engine:
         loop = self._new_loop()
         try:
             while True:
-                if not self._take(loop, block=not loop.busy and not self._waiting):
-                    for r, done in self._waiting + list(self._running.values()):
-                        loop.cancel(r)
-                        done(r, r.result())
-                    return
                 try:
+                    if not self._take(loop, block=not loop.busy and not self._waiting):
+                        for r, done in self._waiting + list(self._running.values()):
+                            loop.cancel(r)
+                            self._deliver(r, done)
+                        return
                     loop.step()
                     self.steps += 1
-                except Exception as err:  # a failed step: end what ran in it, keep serving
+                except Exception as err:  # no row is to blame: end what ran in the step, keep serving
+                    log.exception("a decode step failed: its %d requests end with the error", len(self._running))
                     for r, done in self._running.values():
-                        done(r, err)
+                        r.fail(err, "stepping")
+                        self._deliver(r, done)
                     self._running.clear()
                     loop.close()
                     loop = self._new_loop()
                 for key, (r, done) in list(self._running.items()):
                     if r.finish_reason is not None:
                         del self._running[key]
-                        done(r, r.result())
+                        self._deliver(r, done)
                 with self._changed:
                     self._changed.notify_all()
-        finally:  # also when a callback raised and ends this thread: the loop's mask thread goes with it
+        finally:  # the loop's mask thread goes with this one
             loop.close()
+
+    def _deliver(self, r: InFlight, done: Done) -> None:
+        """``done(r, outcome)``: ``r``'s fault if one ended it (or its result could not be made), else its
+        result; what ``done`` raises is logged, never raised."""
+        outcome: GenerationResult | BaseException
+        if r.fault is not None:
+            self.failures += 1
+            outcome = r.fault
+        else:
+            try:
+                outcome = r.result()
+            except Exception as err:
+                log.exception("request %s: its result could not be made", r.request_id or hex(id(r)))
+                self.failures += 1
+                outcome = err
+        try:
+            done(r, outcome)
+        except Exception:
+            self.callback_errors += 1
+            log.exception("request %s: its on_done callback raised", r.request_id or hex(id(r)))
 
     def _take(self, loop: DecodeLoop, *, block: bool) -> bool:
         """Move the inbox into the loop (submissions up to ``max_batch``, cancellations); False on close."""
@@ -148,10 +188,15 @@ class Engine:
                     if r is request:
                         del self._waiting[k]
                         loop.cancel(r)
-                        waiting_done(r, r.result())
+                        self._deliver(r, waiting_done)
                         break
         room = self.max_batch - len(self._running)
         joining, self._waiting = self._waiting[:room], self._waiting[room:]
+        for r, done in joining:
+            if not r.started:  # (admission starts every request: a caller's mistake, that request's alone)
+                r.fail(ValueError("a request joins the engine after InFlight.start() (admit calls it)"), "joining")
+                self._deliver(r, done)
+        joining = [(r, done) for r, done in joining if r.fault is None]
         loop.add([r for r, _ in joining])
         self._running.update((id(r), (r, done)) for r, done in joining)
         self.peak_batch = max(self.peak_batch, len(self._running))

@@ -4,11 +4,29 @@ response bodies and stream chunks built from results. No HTTP here (see :mod:`co
 
 Decisions, where OpenAI's API leaves room:
 
-- Unknown fields are refused (400, naming the field), so that a misspelt parameter is not silently
-  ignored; ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and have no effect.
+- No field is silently ignored. An unknown field is refused (400, naming it), so that a misspelt
+  parameter does not pass unnoticed. Every known field either shapes the generation (the
+  :class:`~constrain.generate.Request` built) or acts on the response or the server (listed, with what
+  it does, in :data:`SERVED_FIELDS`); a field given where it could do neither is refused with a 400
+  whose ``param`` is its dotted path (:class:`FieldError`), as OpenAI refuses it: ``stream_options``
+  without ``stream: true``, ``top_logprobs`` without ``logprobs: true``, ``tool_choice`` or
+  ``parallel_tool_calls`` without tools, ``response_format.json_schema`` beside a type other than
+  ``json_schema``, ``max_tokens`` and ``max_completion_tokens`` with different values, ``best_of``
+  (other than ``n``) or ``length_penalty`` without ``use_beam_search``. "Given" means present and not
+  null: a null is the default, as in OpenAI's API.
+- ``store: true`` is refused (this server stores no completions); ``false`` is accepted. ``service_tier``
+  other than ``"auto"`` or ``"default"`` is refused (there is one tier). ``user`` and ``metadata`` are
+  logged with the request id (:func:`request_labels`); ``metadata`` is taken without ``store``, unlike
+  OpenAI, because clients send it to every OpenAI-compatible server.
+- ``response_format`` ``json_schema`` without ``schema`` (or with ``"schema": null``) is any JSON object,
+  the constraint of ``json_object``: OpenAI's API marks ``schema`` optional, and any JSON *value* would
+  let the model answer with a quoted sentence, prose in all but name. An explicit ``"schema": true``
+  is taken as written: any JSON value. ``json_schema`` itself is required with that type (400).
+  Its ``name`` (1 to 64 letters, digits, ``_`` or ``-``, as OpenAI's) and ``description`` label the
+  schema: neither is shown to the model, so the prompt is the messages alone.
 - ``response_format`` ``json_schema`` with ``strict: true`` compiles strictly (a keyword that can be
   neither enforced nor checked is refused, 400 naming its path); otherwise leniently (approximated,
-  and the result is validated afterwards).
+  and the result is validated afterwards). Without a schema both are ``json_object``'s, enforced exactly.
 - Extensions: ``regex``, ``grammar`` (EBNF text or a shipped grammar's name), ``choices``; at most
   one constraint per request, and none beside tools that may be called.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
@@ -46,13 +64,46 @@ from constrain.tools.parser import ParsedReply, ToolCallDelta, tool_call_json
 from constrain.tools.reply import AssistantReply, finish_reason
 
 __all__ = [
+    "SERVED_FIELDS",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "FieldError",
     "chat_message",
     "chat_requests",
     "completion_requests",
     "finish_fields",
+    "request_labels",
 ]
+
+SERVED_FIELDS: dict[str, str] = {
+    "model": "checked against the served model (404 otherwise)",
+    "stream": "the response as Server-Sent Events",
+    "stream_options": "with stream: true only",
+    "stream_options.include_usage": "a last chunk with the usage",
+    "user": "logged with the request id",
+    "metadata": "logged with the request id",
+    "store": "false only: nothing is stored (true: 400)",
+    "service_tier": '"auto" or "default" only: there is one tier (others: 400)',
+    "response_format.json_schema.name": "labels the schema; not shown to the model",
+    "response_format.json_schema.description": "labels the schema; not shown to the model",
+}
+"""The request fields (dotted paths) that act on the response or the server rather than on the
+generation, with what each does: every other field shapes the :class:`~constrain.generate.Request`
+built, or is refused (see the module docstring)."""
+
+
+class FieldError(ValueError):
+    """A request field given where it can have no effect, or with a value this server cannot honour.
+    ``field`` is its dotted path (``"response_format.json_schema"``): the 400's ``param``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def _given(body: BaseModel, name: str) -> bool:
+    """Whether the request set ``name`` to something other than null (a null is the default)."""
+    return name in body.model_fields_set and getattr(body, name) is not None
 
 
 class _Body(BaseModel):
@@ -60,9 +111,9 @@ class _Body(BaseModel):
 
 
 class JsonSchemaFormat(_Body):
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    name: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # a label
+    description: str | None = None  # a label: not shown to the model
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # None: any JSON object
     strict: bool | None = None
 
 
@@ -110,6 +161,20 @@ class _Common(_Body):
     best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
 
+    def check(self) -> None:
+        """Refuse (:class:`FieldError`, :class:`BeamSearchError`) a field given where it can have no effect,
+        or that this server cannot honour (see the module docstring)."""
+        if _given(self, "stream_options") and not self.stream:
+            raise FieldError("stream_options", "only with stream: true")
+        if "length_penalty" in self.model_fields_set and not self.use_beam_search:
+            raise BeamSearchError("length_penalty", "only with use_beam_search: true, where it ranks the beams")
+        if self.store:
+            raise FieldError("store", "this server stores no completions: omit it or pass false")
+        if self.service_tier not in (None, "auto", "default"):
+            raise FieldError(
+                "service_tier", f'this server has one tier ("auto" or "default"), not {self.service_tier!r}'
+            )
+
     def beam_width(self) -> int:
         """``num_beams``: ``best_of`` (default ``n``) with ``use_beam_search``, else 1 (where ``best_of`` may
         only be ``n``); a stream with beam search is refused (whole beams are known only at the end)."""
@@ -132,7 +197,7 @@ class _Common(_Body):
             try:
                 out["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
             except ValueError as err:
-                raise ValueError("logit_bias keys are token ids (integers as strings)") from err
+                raise FieldError("logit_bias", "keys are token ids (integers as strings)") from err
         if logprobs is not None:
             out["logprobs"] = logprobs
         return out
@@ -140,7 +205,7 @@ class _Common(_Body):
     def thinking(self) -> Any:
         """The ``reasoning=`` of the request: ``reasoning`` as given, else from ``reasoning_effort``."""
         if self.reasoning is not None and self.reasoning_effort is not None:
-            raise ValueError("pass reasoning or reasoning_effort, not both")
+            raise FieldError("reasoning_effort", "pass reasoning or reasoning_effort, not both")
         if self.reasoning_effort is not None:
             budget = REASONING_EFFORT[self.reasoning_effort]
             return {"max_tokens": budget} if budget else None
@@ -173,6 +238,24 @@ class ChatCompletionRequest(_Common):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
+    def check(self) -> None:
+        """:meth:`_Common.check`, and the chat fields that depend on others."""
+        super().check()
+        if _given(self, "top_logprobs") and not self.logprobs:
+            raise FieldError("top_logprobs", "only with logprobs: true")
+        if _given(self, "max_completion_tokens") and _given(self, "max_tokens"):
+            if self.max_tokens != self.max_completion_tokens:
+                raise FieldError("max_tokens", "differs from max_completion_tokens: pass max_completion_tokens alone")
+        if not self.tools:
+            for name in ("tool_choice", "parallel_tool_calls"):
+                if _given(self, name):
+                    raise FieldError(name, "only with tools")
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "json_schema" and fmt.json_schema is not None:
+            raise FieldError("response_format.json_schema", f"only with type json_schema, not {fmt.type}")
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+            raise FieldError("response_format.json_schema", 'type json_schema needs it: {"name": ..., "schema": ...}')
+
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
@@ -184,13 +267,13 @@ def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message.get("role"), str):
-            raise ValueError(f"messages[{i}] has no 'role'")
+            raise FieldError(f"messages.{i}.role", "a message needs a role (a string)")
         content = message.get("content")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text":
-                    raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported")
+                    raise FieldError(f"messages.{i}.content.{j}", "only text parts are supported")
                 texts.append(str(part.get("text", "")))
             content = "".join(texts)
         out.append({**message, "content": content})
@@ -198,7 +281,9 @@ def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Request, ToolCalling | None]:
-    """The generation request of a chat completion, and its tools (None without tools)."""
+    """The generation request of a chat completion, and its tools (None without tools). Raises
+    :class:`FieldError` (or :class:`BeamSearchError`) for a field it cannot honour."""
+    body.check()
     messages = _text_messages(body.messages)
     tools = None
     constraint: dict[str, Any] = {}
@@ -212,30 +297,35 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
         prompt: Any = tools.prompt(handle, messages)
         if tools.constraint() is not None:
             if body.response_format is not None and body.response_format.type != "text":
-                raise ValueError("response_format and callable tools cannot be combined: set tool_choice 'none'")
+                raise FieldError("response_format", "callable tools take no response_format: set tool_choice 'none'")
             constraint["constraint"] = tools.constraint()
-    elif body.tool_choice not in (None, "none"):
-        raise ValueError("tool_choice needs tools")
     else:
         prompt = messages
     fmt = body.response_format
     if fmt is not None and fmt.type == "json_object":
         constraint["constraint"] = json_object()
-    elif fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema")
-        schema = fmt.json_schema.schema_
-        constraint["schema"] = json_schema(schema, lenient=not fmt.json_schema.strict)
+    elif fmt is not None and fmt.json_schema is not None:  # type json_schema (check() pairs the two)
+        if fmt.json_schema.schema_ is None:  # any JSON object, never any JSON value (the module docstring)
+            constraint["constraint"] = json_object()
+        else:
+            constraint["schema"] = json_schema(fmt.json_schema.schema_, lenient=not fmt.json_schema.strict)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     return body.request(prompt, body.max_completion_tokens or body.max_tokens, logprobs, **constraint), tools
 
 
 def completion_requests(body: CompletionRequest) -> list[Request]:
-    """One generation request per prompt."""
+    """One generation request per prompt. Raises :class:`FieldError` (or :class:`BeamSearchError`) for a
+    field it cannot honour."""
+    body.check()
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if not prompts:
-        raise ValueError("prompt is empty")
+        raise FieldError("prompt", "no prompt given")
     return [body.request(p, body.max_tokens, body.logprobs) for p in prompts]
+
+
+def request_labels(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The ``user`` and ``metadata`` given (empty when neither), for the server to log with the request id."""
+    return {name: getattr(body, name) for name in ("user", "metadata") if _given(body, name)}
 
 
 def new_id(prefix: str) -> str:

@@ -10,6 +10,12 @@ the culprit), 404 for an unknown model or path, and 500 without a stack trace fo
 (logged). Every request is checked and its constraint compiled before it joins the batch, so a bad
 request cannot disturb the others; only errors raised while admitting a request are the client's (a
 ``ValueError`` from anywhere else is a bug of ours, and answered as one).
+
+One request never breaks another: a fault inside the decode step that is one request's (its masking,
+sampling, value checks, detokenizing) ends that request alone, answered with a 500 (an error event
+when streaming, the stream then ends) and logged with its response id; its batch neighbours finish
+as they would have (:class:`~constrain.serving.engine.Engine`). ``create_app(faults=...)`` injects such
+faults for drills (:mod:`constrain.testing.faults`; off by default, and no request can turn it on).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from constrain.decode.request import InFlight
@@ -46,6 +53,7 @@ from constrain.serving.protocol import (
     envelope,
     finish_fields,
     new_id,
+    request_labels,
     usage_json,
 )
 from constrain.tools.calling import ToolCalling
@@ -106,10 +114,13 @@ class _Submission:
             groups.append(admit(handle, spec, on_event=listener, partials=False))
         return groups
 
-    def submit(self, requests: list[InFlight]) -> None:
-        """Hand the admitted ``requests`` (all of :meth:`admit`'s, in order) to the engine."""
+    def submit(self, requests: list[InFlight], request_id: str) -> None:
+        """Hand the admitted ``requests`` (all of :meth:`admit`'s, in order) to the engine, named
+        ``request_id#k`` in its logs."""
         self.requests = requests
         self._index = {id(r): i for i, r in enumerate(requests)}
+        for i, r in enumerate(requests):
+            r.request_id = f"{request_id}#{i}"
         self.engine.submit(requests, self._on_done)
 
     def _on_event(self, base: int, k: int, event: StreamEvent) -> None:  # on the engine thread
@@ -136,7 +147,8 @@ class _Submission:
             yield item
 
     async def results(self, http: HttpRequest) -> list[GenerationResult] | None:
-        """Every request's result; None (and the requests cancelled) when the client went away."""
+        """Every request's result; None (and the requests cancelled) when the client went away. A request
+        that a fault ended raises its exception, the others cancelled."""
         out: list[Any] = [None] * len(self.requests)
         try:
             async for index, item, _ in self.items(http):
@@ -144,6 +156,9 @@ class _Submission:
         except _Disconnected:
             self.cancel()
             return None
+        except BaseException:
+            self.cancel()
+            raise
         return out
 
     def cancel(self) -> None:
@@ -155,11 +170,39 @@ def _sse(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: int = 32) -> FastAPI:
+class _Route(APIRoute):
+    """A route whose failures of ours are a 500 (logged) on a connection kept open. (An exception handler
+    for ``Exception`` would answer, then re-raise into uvicorn, which resets the connection; an HTTP
+    middleware runs every request through another task.) The client's errors pass to their handlers."""
+
+    def get_route_handler(self) -> Callable[[HttpRequest], Any]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: HttpRequest) -> Any:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError, _BadRequest, _UnknownModel):
+                raise
+            except Exception as err:
+                log.exception("request failed")
+                return _error(500, f"internal error ({type(err).__name__}); the server logged it")
+
+        return guarded
+
+
+Faults = Callable[[Any, list[InFlight]], None]
+"""A fault-injection hook (:mod:`constrain.testing.faults`): called with each request's body and its
+admitted requests before they join the engine."""
+
+
+def create_app(
+    handle: ModelHandle, *, engine: Engine | None = None, max_batch: int = 32, faults: Faults | None = None
+) -> FastAPI:
     """The FastAPI app serving ``handle`` (as model ``handle.name``) through ``engine`` (default: a new
-    :class:`Engine` with ``max_batch``)."""
+    :class:`Engine` with ``max_batch``). ``faults``: a fault-injection hook for drills (default None: off)."""
     engine = engine or Engine(handle, max_batch=max_batch)
     app = FastAPI(title="constrain", docs_url=None, redoc_url=None)
+    app.router.route_class = _Route
     app.state.engine = engine
     app.router.add_event_handler("shutdown", engine.close)
     model_name = handle.name
@@ -189,16 +232,6 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
     async def http_error(_: HttpRequest, err: HTTPException) -> JSONResponse:
         return _error(err.status_code, str(err.detail))
 
-    @app.middleware("http")
-    async def internal(request: HttpRequest, call_next: Any) -> Any:
-        """A failure of ours: a 500 (logged), the connection kept (an exception handler for ``Exception``
-        would answer, then re-raise into uvicorn, which resets the connection)."""
-        try:
-            return await call_next(request)
-        except Exception as err:
-            log.exception("request failed")
-            return _error(500, f"internal error ({type(err).__name__}); the server logged it")
-
     beam_lock = asyncio.Lock()  # one beam search at a time, beside the engine's batch
 
     async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
@@ -209,9 +242,15 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
             results = await asyncio.to_thread(lambda: [r for search in searches for r in search.run()])
         return results, sum(len(search.prompt_ids) for search in searches)
 
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise _UnknownModel(name)
+    def start(body: ChatCompletionRequest | CompletionRequest, prefix: str) -> str:
+        """The request's id, once its model is known to be served; its ``user`` and ``metadata`` logged with it."""
+        if body.model != model_name:
+            raise _UnknownModel(body.model)
+        rid = new_id(prefix)
+        labels = request_labels(body)
+        if labels:
+            log.info("%s %s", rid, labels)
+        return rid
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -226,18 +265,19 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
-        check_model(body.model)
+        rid = start(body, "chatcmpl")
         spec, tools = await _admit(lambda: chat_requests(body, handle))
         if body.use_beam_search:  # (a tool that may be called is refused: constrain.decode.beams)
             beams, prompt_tokens = await beam_search([spec])
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
-            return envelope("chat.completion", new_id("chatcmpl"), model_name, choices, usage=usage)
+            return envelope("chat.completion", rid, model_name, choices, usage=usage)
         submission = _Submission(engine, stream=body.stream)
         (requests,) = await _admit(lambda: submission.admit(handle, [spec]))  # compiles: a bad constraint fails here
-        submission.submit(requests)
+        if faults is not None:
+            faults(body, requests)
+        submission.submit(requests, rid)
         calling = tools if tools is not None and tools.callable_tools else None
-        rid = new_id("chatcmpl")
         if body.stream:
             return _event_stream(submission, _chat_stream(submission, body, calling, handle, rid))
         results = await submission.results(http)
@@ -249,18 +289,19 @@ def create_app(handle: ModelHandle, *, engine: Engine | None = None, max_batch: 
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
-        check_model(body.model)
+        rid = start(body, "cmpl")
         specs = await _admit(lambda: completion_requests(body))
         if body.use_beam_search:
             beams, prompt_tokens = await beam_search(specs)
             choices = [_with_violations({"index": i, "text": r.text, **finish_fields(r, None), "logprobs": None},
                                         r.violations) for i, r in enumerate(beams)]  # fmt: skip
-            return envelope("text_completion", new_id("cmpl"), model_name, choices,
+            return envelope("text_completion", rid, model_name, choices,
                             usage=usage_json(prompt_tokens, beams))  # fmt: skip
         submission = _Submission(engine, stream=body.stream)
         groups = await _admit(lambda: submission.admit(handle, specs))
-        submission.submit([r for group in groups for r in group])
-        rid = new_id("cmpl")
+        if faults is not None:
+            faults(body, [r for group in groups for r in group])
+        submission.submit([r for group in groups for r in group], rid)
         prompt_tokens = sum(len(group[0].prompt_ids) for group in groups)
         if body.stream:
             return _event_stream(submission, _completion_stream(submission, body, handle, rid, prompt_tokens))
@@ -384,8 +425,16 @@ def _event_stream(submission: _Submission, chunks: AsyncGenerator[str, None]) ->
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 32) -> None:
-    """Load ``model`` (anything :func:`constrain.load_model` takes) and serve it until interrupted."""
+def serve(
+    model: Any = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch: int = 32,
+    prefix_cache_bytes: int | None = None,
+) -> None:
+    """Load ``model`` (anything :func:`constrain.load_model` takes) and serve it until interrupted
+    (``prefix_cache_bytes``: as in :class:`Engine`)."""
     import uvicorn
 
     handle = model_handle(model)
@@ -394,4 +443,5 @@ def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, max_b
     # request in the batch (measured with SmolLM2 loaded). Process-wide, so here and not in a library call.
     gc.collect()
     gc.freeze()
-    uvicorn.run(create_app(handle, max_batch=max_batch), host=host, port=port, log_level="info")
+    engine = Engine(handle, max_batch=max_batch, prefix_cache_bytes=prefix_cache_bytes)
+    uvicorn.run(create_app(handle, engine=engine), host=host, port=port, log_level="info")

@@ -22,6 +22,7 @@ if sys.byteorder != "little":  # pragma: no cover - every torch target is little
     raise ImportError("sampler.ops.bitmask assumes a little-endian byte order")
 
 _PENALTY_LUT: dict[torch.device, torch.Tensor] = {}
+"""Per device, its ``[256, 8]`` penalty table (8 KiB): as many as the devices used, so it needs no bound."""
 
 
 def bitmask_size(vocab_size: int) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
+import json
 import pkgutil
 import re
 from pathlib import Path
@@ -13,9 +15,10 @@ import pytest
 
 import constrain
 from constrain import caches
-from constrain.match import vocab
+from constrain.match import checks, vocab
 from constrain.match.budget import InitialClosings
 from constrain.match.repetition import comma_tokens
+from constrain.match.validate import schema_validator
 
 PACKAGE = Path(constrain.__file__).parent
 
@@ -123,3 +126,28 @@ def test_initial_closings_are_a_bounded_lru_keyed_by_value():
     assert memo.stats() == {"entries": 2, "hits": 4, "misses": 4, "maxsize": 2}
     with pytest.raises(ValueError, match="positive"):
         InitialClosings(maxsize=0)
+
+
+def test_the_value_check_memos_are_bounded_and_reported(monkeypatch):
+    monkeypatch.setattr(checks, "MEMO_ENTRIES", 8)
+    gc.collect()
+    before = caches.stats()["match.checks.memos"]
+    validator = schema_validator(json.dumps({"type": "array", "uniqueItems": True}))
+    memo = checks.ValueChecks(validator.schema, validator, ())
+    root = memo.root_location
+    for n in range(30):
+        assert memo.accepts(root, [n, n + 1]) and not memo.accepts(root, [n, n])
+        assert len(memo._verdicts) <= 8  # starts over at MEMO_ENTRIES
+    assert memo.accepts(root, [29, 30])  # just judged: kept
+    assert not memo.accepts(root, "x" * (checks.MEMO_KEY_CHARS + 1))  # too long to keep
+    assert not memo.accepts(root, "x" * (checks.MEMO_KEY_CHARS + 1))
+    assert (memo.hits, memo.misses) == (1, 62)
+    during = caches.stats()["match.checks.memos"]
+    assert during["instances"] == before["instances"] + 1
+    assert during["entries"] == before["entries"] + memo.memo_entries > before["entries"]
+    assert during["maxsize"] == 2 * 8 * during["instances"] and memo.memo_entries <= 2 * 8  # (others kept theirs)
+    assert during["hits"] == before["hits"] + 1 and during["misses"] == before["misses"] + 62
+    del memo
+    gc.collect()
+    after = caches.stats()["match.checks.memos"]
+    assert (after["instances"], after["entries"]) == (before["instances"], before["entries"])

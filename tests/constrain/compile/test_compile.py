@@ -61,6 +61,27 @@ def test_byte_lru_evicts_least_recent_and_never_caches_errors():
     assert lru.get_or_create("big", lambda: "x" * 11) == "x" * 11 and "big" not in lru
 
 
+def test_byte_lru_bounds_entries_too():
+    lru: ByteLRU[str] = ByteLRU(1000, len, max_entries=2)
+    for key in "abc":
+        lru.get_or_create(key, lambda: "v")
+    assert len(lru) == 2 and "a" not in lru and "c" in lru
+    with pytest.raises(ValueError, match="max_entries"):
+        ByteLRU(10, len, max_entries=0)
+
+
+def test_the_compile_cache_is_sized_to_the_machine(monkeypatch):
+    from constrain import caches
+    from constrain.compile import compiler
+
+    for memory, expected in ((24 << 30, int(0.01 * (24 << 30))), (1 << 30, 64 << 20), (1 << 40, 1 << 30),
+                             (None, 1 << 30)):  # fmt: skip
+        monkeypatch.setattr(caches, "machine_memory", lambda memory=memory: memory)
+        assert compiler.default_cache_bytes() == expected
+    figures = constrain.cache_stats()["caches"]["compile.compiled"]
+    assert figures["maxsize"] == compiler._cache.max_bytes and figures["max_entries"] == compiler.CACHE_MAX_ENTRIES
+
+
 def test_matcher_api(smol_tokenizer):
     compiled = constrain.compile(spec(PERSON, whitespace="compact", property_order="schema"), smol_tokenizer)
     m = compiled.matcher()

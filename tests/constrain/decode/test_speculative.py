@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 from types import SimpleNamespace
 
 import pytest
@@ -115,6 +116,28 @@ def test_draft_model_reuses_its_cache_and_obeys_the_grammar(tiny, smol_tokenizer
     assert proposer.cached(prompt)[1] is cache  # type: ignore[index]
     proposer.propose([1, 2, 3], [], 2, None)
     assert proposer.cached_prompts == [(1, 2, 3)]  # max_cached=1: the older prompt's cache was dropped
+
+
+def test_draft_model_caches_are_reported_together_and_go_with_their_proposer(tiny, smol_tokenizer):
+    gc.collect()
+    before = constrain.cache_stats()["caches"]["decode.speculative.draft_kv"]
+    proposer = DraftModelProposer((copy.deepcopy(tiny.model), smol_tokenizer), k=2, max_cached=3)
+    prompt = smol_tokenizer.encode("Letters:")
+    drafts = proposer.propose(prompt, [], 2, None)
+    proposer.propose(prompt, drafts[:1], 2, None)  # its cache found again
+    cache = proposer.cached(prompt)[1]  # type: ignore[index]
+    held = sum(t.nelement() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    during = constrain.cache_stats()["caches"]["decode.speculative.draft_kv"]
+    assert during["instances"] == before["instances"] + 1 and during["entries"] == before["entries"] + 1
+    assert during["bytes"] == before["bytes"] + held > before["bytes"]
+    assert during["maxsize"] == (before["maxsize"] if before["instances"] else 0) + 3
+    assert (during["hits"] - before["hits"], during["misses"] - before["misses"]) == (1, 1)
+    del proposer, cache
+    gc.collect()
+    after = constrain.cache_stats()["caches"]["decode.speculative.draft_kv"]
+    assert (after["instances"], after["entries"], after["bytes"]) == (
+        before["instances"], before["entries"], before["bytes"]
+    )  # fmt: skip
 
 
 def test_draft_model_of_another_vocabulary_is_refused_up_front(tiny, sp_tokenizer):

@@ -107,3 +107,42 @@ def test_bad_arguments_and_a_closed_engine(tiny):
     e.close()
     with pytest.raises(RuntimeError, match="closed"):
         e.submit(admit(tiny, SPECS[0]), lambda r, res: None)
+
+
+def test_a_fault_in_one_request_of_eight_ends_it_alone(tiny):
+    """7 of 8 finish with their own tokens, the faulty one gets its exception, the next is served."""
+    from constrain.testing.faults import InjectedFault, inject
+
+    specs = [constrain.Request("Code:", regex=r"[a-z]{3}-\d{3}", sampling={"seed": k}) for k in range(8)]
+    alone = [_alone(tiny, spec) for spec in specs]
+    engine = Engine(tiny, max_batch=8)
+    try:
+        requests = [admit(tiny, spec)[0] for spec in specs]
+        inject(requests[3], "advance", tiny.vocab_size)
+        collect = Collector(8)
+        engine.submit(requests, collect)
+        assert collect.done.wait(120)
+        assert isinstance(collect.results[id(requests[3])], InjectedFault)
+        for k, r in enumerate(requests):
+            if k != 3:
+                assert collect.results[id(r)].valid and r.output_ids == alone[k], k
+        assert engine.failures == 1 and engine.wait_idle(10) and engine.running == engine.waiting == 0
+        after = admit(tiny, specs[0])
+        collect = Collector(1)
+        engine.submit(after, collect)
+        assert collect.done.wait(60) and after[0].output_ids == alone[0]
+    finally:
+        engine.close()
+
+
+def test_a_raising_callback_never_ends_the_engine_thread(tiny, engine):
+    def broken(request, result):
+        raise RuntimeError("a caller's bug")
+
+    engine.submit(admit(tiny, SPECS[1]), broken)
+    assert engine.wait_idle(60)
+    collect = Collector(1)
+    second = admit(tiny, SPECS[1])
+    engine.submit(second, collect)
+    assert collect.done.wait(60) and collect.results[id(second[0])].valid
+    assert engine.callback_errors == 1 and engine._thread.is_alive()

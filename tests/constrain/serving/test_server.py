@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -191,6 +192,41 @@ def test_bad_requests_get_openai_errors(server, kwargs, status, needle):
     assert needle in error["message"] and error["type"] == "invalid_request_error", error
 
 
+def test_json_schema_without_schema_returns_a_json_object(server):
+    """Issue 28: it got any JSON value (a quoted sentence from a chat model); now ``json_object``'s constraint."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer"}}
+    r = _chat(server, "Tell me about Paris.", response_format=fmt, max_tokens=40, seed=1, n=3)
+    assert all(isinstance(json.loads(choice.message.content), dict) for choice in r.choices)
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"tool_choice": "none"}, "tool_choice"),
+        ("/v1/chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object", "json_schema": {"name": "x"}}},
+         "response_format.json_schema"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ("/v1/chat/completions", {"store": True}, "store"),
+        ("/v1/chat/completions", {"service_tier": "flex"}, "service_tier"),
+        ("/v1/chat/completions", {"length_penalty": 0.5}, "length_penalty"),
+        ("/v1/chat/completions", {"max_completion_tokens": 5}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages.0.role"),
+        ("/v1/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/completions", {"prompt": []}, "prompt"),
+    ],
+)  # fmt: skip
+def test_a_field_that_would_do_nothing_is_refused_by_name(server, path, fields, param):
+    """A field given where it cannot act is a 400 whose ``param`` names it (protocol's module docstring)."""
+    base = {"messages": [{"role": "user", "content": "Hi"}]} if path == "/v1/chat/completions" else {"prompt": "Hi"}
+    body = {"model": server.model, "max_tokens": 4, **base, **fields}
+    status, error = server.raw("POST", path, json.dumps(body).encode())
+    assert status == 400 and error["error"]["param"] == param, error
+    assert error["error"]["message"].startswith(param + ": ") and error["error"]["type"] == "invalid_request_error"
+
+
 def test_malformed_body_and_unknown_path(server):
     status, body = server.raw("POST", "/v1/chat/completions", b"{not json")
     assert status == 400 and body["error"]["type"] == "invalid_request_error"
@@ -359,8 +395,9 @@ def test_serve_freezes_the_startup_heap(tiny, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.append((app, options)))
     gc.unfreeze()
     try:
-        serve(tiny, port=1)
+        serve(tiny, port=1, prefix_cache_bytes=1 << 20)
         assert ran and ran[0][1]["port"] == 1
+        assert ran[0][0].state.engine._new_loop().prefixes.max_bytes == 1 << 20  # the setting reaches the loop
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
@@ -405,3 +442,47 @@ def test_parallel_tools_request_with_drafts_fed(smollm2):
         finally:
             s.stop()
     assert replies[0] == replies[1]
+
+
+@pytest.mark.parametrize("stage", ["mask", "advance", "detokenize", "sample"])
+def test_a_fault_in_one_request_of_eight_is_its_500_alone(tiny, stage):
+    """8 concurrent requests, one of them failing inside the step: 7 valid 200s, one 500 (an error event
+    when streaming), and the next request is served."""
+    from constrain.testing.faults import by_user
+
+    s = Server(tiny, faults=by_user(tiny.vocab_size), max_batch=8)
+    try:
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+
+        def one(k: int):
+            try:
+                return _chat(s, f"Number {k}", max_tokens=24, seed=k, response_format=fmt,
+                             user=f"fault:{stage}" if k == 3 else None)  # fmt: skip
+            except openai.InternalServerError as err:
+                return err
+
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(one, range(8)))
+        assert isinstance(replies[3], openai.InternalServerError) and replies[3].status_code == 500
+        for k, r in enumerate(replies):
+            if k != 3:
+                jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        stream = s.client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=24, response_format=fmt, stream=True,
+                                                  user=f"fault:{stage}")  # fmt: skip
+        with pytest.raises(openai.APIError, match="internal error"):
+            list(stream)
+        engine = s.app.state.engine
+        assert engine.wait_idle(30) and engine.running == engine.waiting == 0 and engine.failures == 2
+        after = _chat(s, "Number 0", max_tokens=24, seed=0, response_format=fmt)
+        assert after.choices[0].message.content == replies[0].choices[0].message.content
+    finally:
+        s.stop()
+
+
+def test_user_and_metadata_are_logged_with_the_response_id(server, caplog):
+    with caplog.at_level(logging.INFO, logger="constrain.serving.server"):
+        r = _chat(server, max_tokens=4, seed=1, user="alice", metadata={"team": "search"})
+    logged = [rec.getMessage() for rec in caplog.records]
+    assert f"{r.id} {{'user': 'alice', 'metadata': {{'team': 'search'}}}}" in logged

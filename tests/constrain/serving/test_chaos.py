@@ -1,0 +1,189 @@
+"""A chaos drill of the server (``make chaos``; not in ``make test``): 1,000 requests, 32 at a time, through
+the real HTTP server and the ``openai`` client, mixing good requests (schemas, tools, regexes, streams),
+clients that disconnect mid-stream, bad bodies and requests that fail inside the step (the server's
+fault hook, :func:`constrain.testing.faults.by_user`).
+
+Afterwards every good request was answered and is valid, every fault got its 500 (or error event) and
+every bad body its 4xx, no row is left in the engine, resident memory grew by less than
+:data:`MEMORY_BOUND_MIB` after the warm-up, and the server still serves. It prints its figures.
+``CONSTRAIN_CHAOS_REQUESTS`` sets the number of requests (default 1,000).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import re
+import socket
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from constrain.testing import PERSON_SCHEMA, WEATHER_TOOL, LocalServer
+from constrain.testing.faults import STAGES, by_user
+
+pytestmark = pytest.mark.chaos
+
+REQUESTS = int(os.environ.get("CONSTRAIN_CHAOS_REQUESTS", "1000"))
+CONCURRENCY = 32
+WARM_UP = 0.2
+"""The first fifth of the requests warms the caches; memory is measured from there."""
+MEMORY_BOUND_MIB = 64
+"""Most resident memory the server's process may gain over the requests after the warm-up."""
+
+ITEM = {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+        "count": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["sku", "count"],
+        "additionalProperties": False}  # fmt: skip
+LIST = {"type": "array", "items": {"type": "string", "enum": ["red", "green", "blue"]}, "minItems": 1,
+        "maxItems": 3, "uniqueItems": True}  # fmt: skip
+SCHEMAS = [PERSON_SCHEMA, ITEM, LIST]
+CODE = r"[a-z]{3}-\d{3}"
+KINDS = {"schema": 30, "tools": 10, "regex": 8, "plain": 7, "stream": 15, "disconnect": 10, "bad": 12, "fault": 8}
+"""The mix, in percent."""
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+
+
+class Drill:
+    """One server and the requests of the drill, each of which returns (kind, outcome)."""
+
+    def __init__(self, server: LocalServer) -> None:
+        self.server = server
+        self.client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def _chat(self, k: int, **kwargs: Any) -> Any:
+        messages = [{"role": "user", "content": f"Request {k}: answer briefly."}]
+        return self.client.chat.completions.create(model=self.server.model, messages=messages, seed=k, **kwargs)
+
+    def run(self, k: int, kind: str, rng: random.Random) -> str:
+        """Request ``k`` of ``kind``; returns its outcome ("ok", "500", "4xx", "cancelled"), asserting it
+        is the one its kind must get."""
+        if kind == "schema":
+            schema = SCHEMAS[k % len(SCHEMAS)]
+            r = self._chat(k, max_tokens=48, response_format=_schema_format(schema))
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        elif kind == "tools":
+            r = self._chat(k, max_tokens=48, tools=[WEATHER_TOOL], tool_choice="required")
+            calls = r.choices[0].message.tool_calls
+            assert calls, r
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+        elif kind == "regex":
+            r = self._chat(k, max_tokens=16, extra_body={"regex": CODE})
+            assert re.fullmatch(CODE, r.choices[0].message.content), r
+        elif kind == "plain":
+            r = self._chat(k, max_tokens=12)
+            assert r.choices[0].finish_reason in ("stop", "length")
+        elif kind == "stream":
+            schema = SCHEMAS[k % len(SCHEMAS)]
+            chunks = self._chat(k, max_tokens=48, response_format=_schema_format(schema), stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            jsonschema.validate(json.loads(text), schema)
+        elif kind == "disconnect":
+            self._disconnect(k)
+            return "cancelled"
+        elif kind == "bad":
+            status = self._bad(k, rng)
+            assert 400 <= status < 500, status
+            return "4xx"
+        elif kind == "fault":
+            stage = STAGES[k % len(STAGES)]
+            fmt = _schema_format(ITEM)
+            if k % 3 == 0:  # streaming: the error comes as an event
+                with pytest.raises(openai.APIError, match="internal error"):
+                    list(self._chat(k, max_tokens=48, response_format=fmt, stream=True, user=f"fault:{stage}"))
+            else:
+                with pytest.raises(openai.InternalServerError):
+                    self._chat(k, max_tokens=48, response_format=fmt, user=f"fault:{stage}")
+            return "500"
+        return "ok"
+
+    def _raw(self, body: bytes) -> tuple[int, http.client.HTTPResponse, http.client.HTTPConnection]:
+        conn = http.client.HTTPConnection(self.server.url.removeprefix("http://"), timeout=300)
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response, conn
+
+    def _disconnect(self, k: int) -> None:
+        """A streaming client that goes away after its first piece of text."""
+        body = {"model": self.server.model, "stream": True, "max_tokens": 200, "seed": k,
+                "messages": [{"role": "user", "content": f"Tell a story {k}."}]}  # fmt: skip
+        status, response, conn = self._raw(json.dumps(body).encode())
+        assert status == 200
+        for line in response:
+            if line.startswith(b"data:") and b'"content": ""' not in line:
+                break
+        assert conn.sock is not None
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+    def _bad(self, k: int, rng: random.Random) -> int:
+        messages = [{"role": "user", "content": "Hi"}]
+        bodies: list[bytes | dict[str, Any]] = [
+            b'{"model": "x", "messages": [',  # malformed JSON
+            {"model": self.server.model, "messages": messages, "temprature": 0.5},  # unknown field
+            {"model": self.server.model, "messages": messages, "temperature": -1},
+            {"model": self.server.model, "messages": messages,
+             "response_format": _schema_format({"type": "object", "properties": {"a": {"type": "strin"}}})},
+            {"model": self.server.model, "messages": messages, "regex": "(unclosed"},
+            {"model": "no-such-model", "messages": messages},
+            {"model": self.server.model, "messages": []},
+        ]  # fmt: skip
+        body = bodies[rng.randrange(len(bodies))]
+        status, response, conn = self._raw(body if isinstance(body, bytes) else json.dumps(body).encode())
+        response.read()
+        conn.close()
+        return status
+
+
+def test_the_server_survives_a_chaos_drill(tiny) -> None:
+    server = LocalServer(tiny, faults=by_user(tiny.vocab_size), max_batch=CONCURRENCY)
+    drill = Drill(server)
+    rng = random.Random(28)
+    kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=REQUESTS)
+    seeds = [rng.randrange(1 << 30) for _ in kinds]
+    warm = int(REQUESTS * WARM_UP)
+    outcomes: Counter[tuple[str, str]] = Counter()
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            for part in (range(warm), range(warm, REQUESTS)):
+                if part.start == warm:
+                    rss_warm = _rss_mib()
+                runs = [pool.submit(drill.run, k, kinds[k], random.Random(seeds[k])) for k in part]
+                for k, run in zip(part, runs, strict=True):
+                    outcomes[kinds[k], run.result()] += 1  # a good request's failure raises here
+        rss_end = _rss_mib()
+        engine = server.app.state.engine
+        assert engine.wait_idle(60), "rows left in the engine"
+        assert engine.running == 0 and engine.waiting == 0
+        r = drill._chat(0, max_tokens=48, response_format=_schema_format(ITEM))  # it still serves
+        jsonschema.validate(json.loads(r.choices[0].message.content), ITEM)
+    finally:
+        server.stop()
+    seconds = time.perf_counter() - start
+    faults = sum(n for (kind, _), n in outcomes.items() if kind == "fault")
+    print(f"\nchaos drill: {REQUESTS} requests, {CONCURRENCY} at a time, in {seconds:.0f} s")
+    for (kind, outcome), n in sorted(outcomes.items()):
+        print(f"  {kind:<10} {outcome:<9} {n}")
+    print(f"  engine: {engine.steps} steps, peak batch {engine.peak_batch}, {engine.failures} requests ended by "
+          f"a fault ({faults} injected), {engine.callback_errors} callback errors")  # fmt: skip
+    print(f"  resident memory: {rss_warm:.0f} MiB after {warm} requests, {rss_end:.0f} MiB after {REQUESTS} "
+          f"(+{rss_end - rss_warm:.1f} MiB; bound {MEMORY_BOUND_MIB})")  # fmt: skip
+    assert sum(outcomes.values()) == REQUESTS
+    assert engine.failures == faults  # each injected fault ended its own request, and nothing else failed
+    assert rss_end - rss_warm < MEMORY_BOUND_MIB
