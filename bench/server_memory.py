@@ -73,7 +73,9 @@ def main() -> None:
     print(machine_line())
     port = _free_port()
     cli = Path(sys.executable).parent / "constrain"
-    server = subprocess.Popen([str(cli), "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(cli), "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 600
