@@ -4,7 +4,9 @@ Starts ``constrain serve`` (the CLI, default model, default settings) as its own
 ``--requests`` chat requests, ``--concurrency`` at a time, each with a distinct prompt of about
 ``--prompt-tokens`` tokens and a distinct JSON schema (its own property names), through the ``openai``
 client. Reads the server's resident memory (``/proc/PID/status``, VmRSS) after every ``--every``
-requests and prints it, with what the last ``--every`` added.
+requests, once the server has been idle for ``--settle`` seconds (an idle engine hands its free heap
+back to the system, :func:`constrain.serving.engine.heap_trimmer`), and prints it with what the last
+``--every`` added, and the peak (VmHWM) so far.
 
 Usage: ``python bench/server_memory.py [--requests 400] [--concurrency 8] [--prompt-tokens 200]``
 """
@@ -35,9 +37,10 @@ WORDS = (
 ).split()
 
 
-def _rss_mib(pid: int) -> float:
+def _status_mib(pid: int, field: str = "VmRSS") -> float:
+    """``field`` of ``/proc/PID/status`` in MiB (VmRSS: resident now; VmHWM: the peak)."""
     with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024
 
 
 def _free_port() -> int:
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--settle", type=float, default=3.0)
     args = parser.parse_args()
     print(machine_line())
     port = _free_port()
@@ -103,16 +107,18 @@ def main() -> None:
             except (ValueError, jsonschema.ValidationError):
                 return False
 
-        print(f"{'requests':>9} {'RSS MiB':>8} {'added':>7} {'valid':>6} {'s':>6}")
-        rows, previous, valid, start = [], _rss_mib(server.pid), 0, time.perf_counter()
-        print(f"{0:>9} {previous:>8.0f} {'':>7} {'':>6} {0:>6.0f}")
+        print(f"{'requests':>9} {'RSS MiB':>8} {'added':>7} {'peak MiB':>9} {'valid':>6} {'s':>6}")
+        rows, previous, valid, start = [], _status_mib(server.pid), 0, time.perf_counter()
+        print(f"{0:>9} {previous:>8.0f} {'':>7} {_status_mib(server.pid, 'VmHWM'):>9.0f} {'':>6} {0:>6.0f}")
         with ThreadPoolExecutor(args.concurrency) as pool:
             for first in range(0, args.requests, args.every):
                 valid += sum(pool.map(one, range(first, min(first + args.every, args.requests))))
-                rss = _rss_mib(server.pid)
+                seconds = time.perf_counter() - start
+                time.sleep(args.settle)
+                rss, peak = _status_mib(server.pid), _status_mib(server.pid, "VmHWM")
                 rows.append(rss - previous)
-                print(f"{min(first + args.every, args.requests):>9} {rss:>8.0f} {rss - previous:>+7.0f} {valid:>6} "
-                      f"{time.perf_counter() - start:>6.0f}", flush=True)  # fmt: skip
+                print(f"{min(first + args.every, args.requests):>9} {rss:>8.0f} {rss - previous:>+7.0f} {peak:>9.0f} "
+                      f"{valid:>6} {seconds:>6.0f}", flush=True)  # fmt: skip
                 previous = rss
         print(f"the last {args.every} requests added {rows[-1]:.0f} MiB of resident memory")
     finally:

@@ -8,10 +8,13 @@ both over to their own thread or event loop (``loop.call_soon_threadsafe``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,9 +25,38 @@ from constrain.models.cost import ForwardCost
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
 
-__all__ = ["Engine"]
+__all__ = ["TRIM_EVERY", "Engine", "heap_trimmer"]
 
 log = logging.getLogger("constrain.serving.engine")
+
+TRIM_EVERY = 16
+"""The engine hands the heap's free memory back to the system (:func:`heap_trimmer`) after every this many
+finished requests, and whenever it goes idle after finishing one."""
+
+
+def heap_trimmer() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)``, which returns the heap's free pages to the system; None without glibc.
+
+    Why: a server's threads free tensors of every size (prompts' KV, logits, prefills) in glibc's
+    per-thread arenas, which keep the pages. With SmolLM2 serving 100 requests of ~230-token prompts,
+    8 at a time, resident memory stood at 3,599 MiB, and one ``malloc_trim(0)`` brought it to 2,043
+    MiB (AMD EPYC, 2 cores); untrimmed, it grew by about 300 MiB every 100 requests after that.
+    ctypes releases the GIL for the call.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return None
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+
+    def run() -> None:
+        trim(0)
+
+    return run
+
 
 Done = Callable[[InFlight, GenerationResult | BaseException], None]
 """Called once per request with the request and its result (or the exception that ended it)."""
@@ -49,6 +81,10 @@ class Engine:
     of memory) ends every request in flight with that exception, and the engine serves new ones on a
     fresh loop. Nothing a request or a callback raises ends the engine's thread: a raising ``on_done``
     is logged (``failures`` counts every request ended by a fault, ``callback_errors`` the callbacks).
+
+    Memory: every :data:`TRIM_EVERY` finished requests, and when it goes idle, the engine hands the
+    heap's free pages back to the system (:func:`heap_trimmer`, with glibc), so that a long-running
+    server's resident memory follows what it holds; its caches are bounded (``constrain.cache_stats()``).
     """
 
     def __init__(
@@ -81,6 +117,10 @@ class Engine:
         self.peak_batch = 0  # most requests in the batch at once
         self.failures = 0  # requests ended by a fault (theirs, or a step's)
         self.callback_errors = 0  # on_done calls that raised (logged)
+        self.finished = 0  # requests delivered
+        self.trim_seconds = 0.0  # spent handing free heap memory back (heap_trimmer), on the engine thread
+        self._trim = heap_trimmer()
+        self._trimmed_at = 0  # self.finished at the last trim
         self._changed = threading.Condition()  # notified after every step: wait_idle
         self._thread = threading.Thread(target=self._serve, name="constrain-engine", daemon=True)
         self._thread.start()
@@ -143,14 +183,27 @@ class Engine:
                     if r.finish_reason is not None:
                         del self._running[key]
                         self._deliver(r, done)
+                if not self._running and not self._waiting and self._trimmed_at < self.finished:
+                    self._trim_heap()  # idle: what the finished requests freed goes back
                 with self._changed:
                     self._changed.notify_all()
         finally:  # the loop's mask thread goes with this one
             loop.close()
 
+    def _trim_heap(self) -> None:
+        """Hand the heap's free pages back to the system (:func:`heap_trimmer`; timed in ``trim_seconds``)."""
+        if self._trim is not None:
+            start = time.perf_counter()
+            self._trim()
+            self.trim_seconds += time.perf_counter() - start
+        self._trimmed_at = self.finished
+
     def _deliver(self, r: InFlight, done: Done) -> None:
         """``done(r, outcome)``: ``r``'s fault if one ended it (or its result could not be made), else its
         result; what ``done`` raises is logged, never raised."""
+        self.finished += 1
+        if self.finished % TRIM_EVERY == 0:
+            self._trim_heap()
         outcome: GenerationResult | BaseException
         if r.fault is not None:
             self.failures += 1

@@ -265,10 +265,12 @@ def test_the_closing_path_respects_the_checks(tiny):
     assert closed  # the closing path wrote some of them
 
 
-# an object is never valid (it needs "a", and must not have it); any string is
+# an object is never valid (it needs "a": three distinct items of two values), which only the value checks
+# see (an object that needs "a" and must not have it is proven empty at compile time, and its branch dropped:
+# tests/constrain/constraints/test_unsatisfiable.py); any string is
 NO_OBJECT = {"anyOf": [{"type": "string", "maxLength": 8},
-                       {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
-                        "not": {"required": ["a"]}}]}  # fmt: skip
+                       {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": [1, 2]},
+                        "uniqueItems": True, "minItems": 3}}, "required": ["a"]}]}  # fmt: skip
 
 
 @pytest.mark.parametrize("close_in_budget", [True, False])

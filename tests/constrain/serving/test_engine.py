@@ -146,3 +146,21 @@ def test_a_raising_callback_never_ends_the_engine_thread(tiny, engine):
     engine.submit(second, collect)
     assert collect.done.wait(60) and collect.results[id(second[0])].valid
     assert engine.callback_errors == 1 and engine._thread.is_alive()
+
+
+def test_the_engine_hands_free_heap_memory_back(tiny, monkeypatch):
+    import constrain.serving.engine as engine_module
+
+    assert engine_module.heap_trimmer() is not None  # glibc, as on every machine the tests run on
+    calls = []
+    monkeypatch.setattr(engine_module, "heap_trimmer", lambda: lambda: calls.append(1))
+    monkeypatch.setattr(engine_module, "TRIM_EVERY", 2)
+    engine = Engine(tiny, max_batch=4)
+    try:
+        collect = Collector(5)
+        engine.submit([r for spec in SPECS[:5] for r in admit(tiny, spec)], collect)
+        assert collect.done.wait(60)
+        assert engine.wait_idle(10) and engine.finished == 5
+        assert len(calls) == 3  # after the 2nd and 4th requests, and once idle after the 5th
+    finally:
+        engine.close()
