@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from constrain.decode.checked import settle
+from constrain.decode.checked import CheckedSlot, settle
 from constrain.decode.drafts import next_drafts, resolve_proposer
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
@@ -232,7 +232,7 @@ class DecodeLoop:
                 tokens = sampled.token_ids.tolist()
             if kept is not None:
                 with self.clock("checks"):
-                    self._settle_all(masks, kept, histories, tokens)
+                    self._settle(masks, kept, histories, tokens)
             with self.clock("stop+detokenize"):
                 keep = self._advance(tokens, sampled.logprobs)
             self._select(keep)
@@ -306,7 +306,7 @@ class DecodeLoop:
         logits[idle] = 0.0
         return call(every, [(_IDLE, []) if r.finish_reason is not None else (r, extra) for r, extra in histories])
 
-    def _settle_all(
+    def _settle(
         self,
         masks: SlotMasks,
         # [k, V]: the logits of the slots in masks.checked, in order, as the forward computed them
@@ -315,9 +315,26 @@ class DecodeLoop:
         # per slot: the tokens drawn; updated in place
         tokens: list[int],
     ) -> None:
-        """:meth:`_settle`; where a row's value check raises, that row fails and the rest settle."""
+        """Check each checked slot's token; draw refused ones again (:func:`~constrain.decode.checked.settle`).
+        Where a row's value check raises, that row fails and the others settle."""
+        assert masks.bitmask is not None
+        bitmask = masks.bitmask
+
+        def run(checked: list[CheckedSlot], kept: torch.Tensor) -> None:  # kept: [len(checked), V]
+            at = {c.row: k for k, c in enumerate(checked)}  # mask row -> its row of ``kept``
+
+            def redraw(mask_rows: list[int], draw: int) -> list[int]:
+                index = [at[row] for row in mask_rows]
+                again = [histories[masks.slots[row]] for row in mask_rows]
+                rows = bitmask[mask_rows].to(self.device)  # [n, ceil(V / 32)]: refused bits cleared
+                out = _sample(self.sampler, again, kept[index], self.handle.vocab_size, self.device, rows,
+                              list(range(len(mask_rows))), draw=draw)  # fmt: skip
+                return list(out.token_ids.tolist())
+
+            settle(checked, tokens, bitmask, redraw)
+
         try:
-            self._settle(masks, logits, histories, tokens)
+            run(masks.checked, logits)
             return
         except Exception:
             owner = {c.slot: histories[c.slot][0] for c in masks.checked}
@@ -331,32 +348,7 @@ class DecodeLoop:
             if not self._isolate(list(owner.values()), "checking values", check):
                 raise
         live = [k for k, c in enumerate(masks.checked) if histories[c.slot][0].finish_reason is None]
-        rest = SlotMasks(masks.slots, masks.bitmask, [masks.checked[k] for k in live])
-        self._settle(rest, logits[live], histories, tokens)
-
-    def _settle(
-        self,
-        masks: SlotMasks,
-        # [k, V]: the logits of the slots in masks.checked, in order, as the forward computed them
-        logits: torch.Tensor,
-        histories: list[tuple[InFlight, list[int]]],
-        # per slot: the tokens drawn; updated in place
-        tokens: list[int],
-    ) -> None:
-        """Check each checked slot's token; draw refused ones again (:func:`~constrain.decode.checked.settle`)."""
-        assert masks.bitmask is not None
-        at = {c.row: k for k, c in enumerate(masks.checked)}  # mask row -> its row of ``logits``
-        bitmask = masks.bitmask
-
-        def redraw(mask_rows: list[int], draw: int) -> list[int]:
-            index = [at[row] for row in mask_rows]
-            again = [histories[masks.slots[row]] for row in mask_rows]
-            rows = bitmask[mask_rows].to(self.device)  # [n, ceil(V / 32)]: refused bits cleared
-            out = _sample(self.sampler, again, logits[index], self.handle.vocab_size, self.device, rows,
-                          list(range(len(mask_rows))), draw=draw)  # fmt: skip
-            return list(out.token_ids.tolist())
-
-        settle(masks.checked, tokens, bitmask, redraw)
+        run([masks.checked[k] for k in live], logits[live])
 
     def _prefill_plan(self, joining: list[InFlight]) -> list[tuple[list[InFlight], int]]:
         """How to prefill ``joining``: (group, cached prefix length). A request whose prompt starts with

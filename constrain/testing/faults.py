@@ -18,8 +18,8 @@ from constrain.match.matcher import Matcher
 
 __all__ = ["STAGES", "InjectedFault", "Stage", "by_user", "inject"]
 
-Stage = Literal["mask", "sample", "advance", "detokenize"]
-STAGES: tuple[Stage, ...] = ("mask", "sample", "advance", "detokenize")
+Stage = Literal["mask", "sample", "check", "advance", "detokenize"]
+STAGES: tuple[Stage, ...] = ("mask", "sample", "check", "advance", "detokenize")
 
 
 class InjectedFault(RuntimeError):
@@ -49,15 +49,20 @@ def inject(request: InFlight, stage: Stage, vocab_size: int) -> None:
     - ``"mask"``: its mask filter raises (a constrained request only, else ``ValueError``);
     - ``"sample"``: its ``logit_bias`` names token ``vocab_size`` (the sampler's batch metadata raises
       ``ValueError``, as it would for any row's bad parameters);
+    - ``"check"``: its matcher's check of a drawn token raises (a constraint with value checks, sampled
+      greedily or without filters: else no drawn token is checked, and nothing fails);
     - ``"advance"``: its matcher refuses to take any token by raising (constrained only);
     - ``"detokenize"``: its detokenizer raises.
     """
-    if stage in ("mask", "advance") and request.matcher is None:
+    if stage in ("mask", "check", "advance") and request.matcher is None:
         raise ValueError(f"a {stage!r} fault needs a constrained request (one with a matcher)")
     if stage == "mask":
         request.mask_filter = _FailingFilter()
     elif stage == "sample":
         request.params = dataclasses.replace(request.params, logit_bias={vocab_size: 1.0})
+    elif stage == "check":
+        assert request.matcher is not None
+        request.matcher.allows = _raise("checking values")  # type: ignore[method-assign]
     elif stage == "advance":
         assert request.matcher is not None
         request.matcher.accept_token = _raise("advancing")  # type: ignore[method-assign]

@@ -41,7 +41,7 @@ def alone(tiny):
     return [r.output_ids for r in requests]
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", [s for s in STAGES if s != "check"])
 @pytest.mark.parametrize("culprit", [0, 5])
 def test_a_fault_in_one_row_ends_that_row_alone(tiny, alone, stage, culprit, caplog):
     requests = [admit(tiny, spec)[0] for spec in _specs()]
@@ -67,6 +67,23 @@ def test_a_fault_in_one_row_ends_that_row_alone(tiny, alone, stage, culprit, cap
     after = admit(tiny, _specs()[1])[0]  # the loop goes on serving
     _run(tiny, [after], loop)
     assert after.output_ids == alone[1]
+
+
+def test_a_fault_in_a_value_check_ends_its_row_alone(tiny):
+    """The drawn token's check (a uniqueItems array, greedy) raises in one row: the others settle."""
+    unique = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 4}, "uniqueItems": True,
+              "maxItems": 3}  # fmt: skip
+    specs = [constrain.Request(f"Numbers {k}:", schema=unique, max_tokens=24, sampling={"temperature": 0})
+             for k in range(4)]  # fmt: skip
+    alone = [admit(tiny, spec)[0] for spec in specs]
+    _run(tiny, alone)
+    requests = [admit(tiny, spec)[0] for spec in specs]
+    inject(requests[2], "check", tiny.vocab_size)
+    _run(tiny, requests)
+    assert requests[2].finish_reason == "error" and isinstance(requests[2].fault, InjectedFault)
+    assert "checking values" in (requests[2].error or "")
+    for k in (0, 1, 3):
+        assert requests[k].output_ids == alone[k].output_ids and requests[k].result().valid
 
 
 def test_a_raising_event_callback_ends_its_own_request(tiny, alone):

@@ -106,7 +106,7 @@ class Drill:
             return "4xx"
         elif kind == "fault":
             stage = STAGES[k % len(STAGES)]
-            fmt = _schema_format(ITEM)
+            fmt = _schema_format(LIST if stage == "check" else ITEM)  # (uniqueItems: a drawn token is checked)
             if k % 3 == 0:  # streaming: the error comes as an event
                 with pytest.raises(openai.APIError, match="internal error"):
                     list(self._chat(k, max_tokens=48, response_format=fmt, stream=True, user=f"fault:{stage}"))
