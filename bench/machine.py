@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ISA_FLAGS", "machine_line"]
+__all__ = ["ISA_FLAGS", "machine_info", "machine_line"]
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 """The ``/proc/cpuinfo`` flags reported: AVX2, AVX-512, native bfloat16 dot products, AMX."""
@@ -51,3 +51,40 @@ def machine_line(device: str = "cpu") -> str:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         line += f"; GPU: {torch.cuda.get_device_name(torch.device(device))}"
     return line
+
+
+def machine_info(device: str = "cpu") -> dict[str, object]:
+    """The machine as a dict, for a benchmark's JSON results: the fields of :func:`machine_line` and the line.
+
+    Parameters
+    ----------
+    device : str
+        The torch device the benchmark ran on; a CUDA device adds the GPU's name.
+
+    Returns
+    -------
+    dict
+        ``cpu`` (model name), ``cpu_family``, ``cores``, ``isa`` (flag to bool), ``torch``, ``threads``,
+        ``kernels`` (torch's CPU capability), ``gpu`` (or ``None``), ``line`` (:func:`machine_line`) and
+        ``date`` (UTC, ISO 8601).
+    """
+    import datetime
+
+    import torch
+
+    name, family, flags = _cpuinfo()
+    gpu = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(torch.device(device))
+    return {
+        "cpu": name,
+        "cpu_family": family,
+        "cores": os.cpu_count(),
+        "isa": {flag: flag in flags for flag in ISA_FLAGS},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "gpu": gpu,
+        "line": machine_line(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

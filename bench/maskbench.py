@@ -341,13 +341,52 @@ def run_engines(engines: list[str], entries: list[dict[str, Any]], timeout: floa
     return all_results
 
 
-def write_json(path: Path, all_results: Results, entries: list[dict[str, Any]]) -> None:
-    """Per-schema results without the TBM samples, with each mask-accepted invalid instance's keywords."""
+def engine_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's counts (by status, invalid instances the mask accepted) and TTFM/TBM percentiles (µs)."""
+    return {
+        "schemas": len(results),
+        "statuses": {s: sum(r["status"] == s for r in results) for s in STATUSES},
+        "invalid_accepted": sum(r.get("invalidation_errors", 0) for r in results),
+        "post_validated": sum(r.get("post_validated", 0) for r in results),
+        "ttfm_us": percentiles([r["ttfm"] for r in results if "ttfm" in r]),
+        "tbm_us": percentiles([v for r in results for v in r.get("tbm") or []]),
+    }
+
+
+def write_json(
+    path: Path, all_results: Results, entries: list[dict[str, Any]], sample: int | None, timeout: float
+) -> None:
+    """The run's machine and settings, a summary per engine (counts, TTFM/TBM percentiles in µs), and the
+    per-schema results without the TBM samples, with each mask-accepted invalid instance's keywords."""
+    from bench.machine import machine_info
+
     named = {
         engine: [{**r, "tbm": None, "name": e["name"]} for r, e in zip(results, entries, strict=True)]
         for engine, results in all_results.items()
     }
-    path.write_text(json.dumps(named))
+    report = {
+        "benchmark": "maskbench",
+        "machine": machine_info(),
+        "settings": {"schemas": len(entries), "sample": sample, "seed": 0, "timeout_s": timeout},
+        "versions": versions(),
+        "summary": {engine: engine_summary(results) for engine, results in all_results.items()},
+        "schemas": named,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report))
+
+
+def versions() -> dict[str, str | None]:
+    """The installed versions of constrain and the peers (``None`` where one is missing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for package in ("constrain", "xgrammar", "llguidance", "transformers", "torch"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 def summary_row(engine: str, results: list[dict[str, Any]], n: int) -> str:
@@ -419,13 +458,19 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=None, help="a random sample of N schemas (seed 0)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per schema and engine")
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--json", type=Path, default=None, help="also write per-schema results here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the machine, a summary per engine and the per-schema results here "
+        "(e.g. bench/results/maskbench.json, which bench/plots.py reads)",
+    )
     args = parser.parse_args()
     print(machine_line())
     entries = load_entries(args.sample)
     all_results = run_engines(args.engines.split(","), entries, args.timeout)
     if args.json:
-        write_json(args.json, all_results, entries)
+        write_json(args.json, all_results, entries, args.sample, args.timeout)
     n = len(entries)
     print(f"MaskBench dev: {n} schemas, SmolLM2 tokenizer, timeout {args.timeout:g} s per schema\n")
     print_summary(all_results, n)

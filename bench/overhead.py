@@ -14,13 +14,15 @@ Prints, per run, ms per step of each stage (the loop's own timings: forward, mas
 stop+detokenize) and what the constraint's own stages (mask, checks, stop+detokenize) add per step, as a
 share of the unconstrained step. Medians of ``--repeats`` runs, taken round robin.
 
-Usage: ``python bench/overhead.py [--repeats 3] [--tokens 48] [--batches 1,8,64]``
+Usage: ``python bench/overhead.py [--repeats 3] [--tokens 48] [--batches 1,8,64] [--json PATH]`` (``--json``: the
+machine and every row's ms per stage, e.g. ``bench/results/overhead.json``, which ``bench/plots.py`` reads)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,10 +31,10 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
-from bench.machine import machine_line  # noqa: E402
+from bench.machine import machine_info, machine_line  # noqa: E402
 from constrain.decode import loop, masks  # noqa: E402
 
-gen = importlib.import_module("constrain.generate")
+gen = importlib.import_module("constrain.generation")
 
 PROMPT = [{"role": "user", "content": "Describe a product of a small shop as JSON."}]
 UNCHECKED = {
@@ -111,6 +113,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--json", type=Path, default=None, help="also write the machine and every row's ms here")
     args = parser.parse_args()
     print(machine_line())
     handle = constrain.load_model()
@@ -119,6 +122,7 @@ def main() -> None:
     stages = ("forward", "mask", "sampler", "checks", "stop+detokenize")
     print(f"| run | batch | steps | {' | '.join(stages)} | step | constraint's stages / unconstrained step |")
     print(f"|---|---|---|{'---|' * len(stages)}---|---|")
+    rows: list[dict[str, Any]] = []
     for batch in map(int, args.batches.split(",")):
         measure(handle, "checked schemas", min(batch, len(CHECKED)), args.tokens)  # compiles, warms the caches
         results: dict[str, list[tuple[float, int, dict[str, float]]]] = {run: [] for run in RUNS}
@@ -134,6 +138,19 @@ def main() -> None:
             split = " | ".join(f"{per[stage]:.2f}" for stage in stages)
             added = (own - base[1]) / base[0]
             print(f"| {run} | {batch} | {steps} | {split} | {step:.2f} | {added:+.1%} |", flush=True)
+            rows.append({"run": run, "batch": batch, "steps": steps, "stages_ms": per, "step_ms": step,
+                         "added_share": added})  # fmt: skip
+    if args.json:
+        report = {
+            "benchmark": "overhead",
+            "machine": machine_info(),
+            "model": handle.name,
+            "settings": {"repeats": args.repeats, "tokens": args.tokens, "batches": args.batches, "greedy": True},
+            "rows": rows,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ import torch
 
 import constrain
 from constrain.backends.xgrammar import choice_ebnf
-from sampler.ops.bitmask import apply_token_bitmask_inplace
+from constrain.sampler.ops.bitmask import apply_token_bitmask_inplace
 
-gen = importlib.import_module("constrain.generate")
+gen = importlib.import_module("constrain.generation")
 
 COMPACT_JSON: dict[str, dict[str, Any]] = {
     "xgrammar": {"any_whitespace": False, "separators": (",", ":")},  # GrammarCompiler.compile_json_schema
@@ -37,7 +37,7 @@ the setting: for a regex, a choice or a grammar the best setting is the default.
 
 
 def prompt_ids(handle: constrain.ModelHandle, messages: list[dict[str, str]]) -> list[int]:
-    """The prompt's token ids, exactly those ``constrain.generate`` feeds the model."""
+    """The prompt's token ids, exactly those ``constrain.generation`` feeds the model."""
     return gen.prompt_ids(handle, messages)
 
 

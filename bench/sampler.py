@@ -18,12 +18,14 @@ Rows cycle through eight parameter sets (greedy, top-p without top-k, top-k +
 top-p, min-p, penalties, ...). Logits are ``randn * 3``; every row has a
 128-token prompt and a 64-token output for the penalties.
 
-Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick]``
+Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick] [--json PATH]`` (``--json``: the machine and
+every table's µs, e.g. ``bench/results/sampler.json``, which ``bench/plots.py`` reads)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -44,8 +46,8 @@ from transformers import (  # noqa: E402
     TopPLogitsWarper,
 )
 
-from bench.machine import machine_line  # noqa: E402
-from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace  # noqa: E402
+from bench.machine import machine_info, machine_line  # noqa: E402
+from constrain.sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace  # noqa: E402
 
 MIX = [
     SamplingParams(temperature=0.0),
@@ -248,6 +250,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, B <= 64")
     parser.add_argument("--profile", action="store_true", help="also profile the issue-16 mix op by op")
     parser.add_argument("--isa", choices=["avx2"], help="re-run with torch's and oneDNN's CPU kernels capped")
+    parser.add_argument("--json", type=Path, default=None, help="also write the machine and every table's µs here")
     args = parser.parse_args()
     if args.isa and os.environ.get("ATEN_CPU_CAPABILITY") != args.isa:
         env = {**os.environ, "ATEN_CPU_CAPABILITY": args.isa, "ONEDNN_MAX_CPU_ISA": args.isa.upper()}
@@ -261,14 +264,19 @@ def main() -> None:
         "| hf rows / sampler | hf batch / sampler | passes | common passes | greedy passes |"
     )
     print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
+    pipeline: list[dict[str, object]] = []
+    bitmasks: list[dict[str, object]] = []
     for vocab in (49_152, 128_256):
         for batch in batches:
             slow = max(1, min(reps, 200 // batch))
-            print(_row(batch, vocab, bench_pipeline(batch, vocab, args.device, reps, slow)), flush=True)
+            r = bench_pipeline(batch, vocab, args.device, reps, slow)
+            pipeline.append({"batch": batch, "vocab": vocab, "us": r})
+            print(_row(batch, vocab, r), flush=True)
     print("\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)")
     print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
     r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0)
     print(_row(64, 128_256, r), flush=True)
+    mix = {"batch": 64, "vocab": 128_256, "us": r}
     if args.profile:
         profile_issue_mix(args.device)
     print("\nBitmask application, µs (median, systems interleaved)")
@@ -276,10 +284,23 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for batch, vocab in [(1, 49_152), (1, 128_256), (64, 128_256)]:
         r = bench_bitmask(batch, vocab, args.device, reps * 50)
+        bitmasks.append({"batch": batch, "vocab": vocab, "us": r})
         print(
             f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['xgrammar']:,.0f} | {r['masked_fill_']:,.0f} |",
             flush=True,
         )
+    if args.json:
+        report = {
+            "benchmark": "sampler",
+            "machine": machine_info(args.device),
+            "settings": {"device": args.device, "quick": args.quick, "reps": reps},
+            "pipeline": pipeline,
+            "four_row_mix": mix,
+            "bitmask": bitmasks,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """``constrain``: structured generation with language models.
 
-Constraints (``json_schema``, ``json_object``, ``regex``, ``grammar``, ``choice``)
-compile for a tokenizer (``compile``, cached) into a ``CompiledConstraint``,
-whose per-request ``Matcher`` fills token bitmasks that ``sampler`` applies.
+``generate``, ``stream`` and ``chat`` take a model and a prompt, and write output that follows a JSON
+Schema, a Pydantic model, a regex, a grammar, a list of choices or a set of tools. Underneath,
+constraints (``json_schema``, ``json_object``, ``regex``, ``grammar``, ``choice``) compile for a
+tokenizer (``compile``, cached) into a ``CompiledConstraint``, whose per-request ``Matcher`` fills
+token bitmasks that ``constrain.sampler`` applies. ``__all__`` is the public API.
 """
 
 from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.chat import ChatResult, chat
-from constrain.compile.compiler import CompiledConstraint, cache_stats, compile
+from constrain.compiler.compiler import CompiledConstraint, cache_stats, compile
+from constrain.compiler.routing import AutoLimits
 from constrain.constraints.constraint import (
     Choice,
     Constraint,
@@ -21,11 +23,10 @@ from constrain.constraints.constraint import (
     regex,
 )
 from constrain.constraints.schema import CoverageEntry
-from constrain.decode.detokenizer import IncrementalDetokenizer
-from constrain.decode.partial import PartialJson, resolve
+from constrain.conversation import ChatResult, chat
+from constrain.decode.partial import resolve
 from constrain.decode.reasoning import Reasoning
 from constrain.decode.speculative import DraftModelProposer, NgramProposer, Proposer
-from constrain.decode.stopping import StopText, StopUpdate
 from constrain.errors import (
     BeamSearchError,
     BudgetError,
@@ -39,33 +40,41 @@ from constrain.errors import (
     UnsatisfiableSchemaError,
     UnsupportedSchemaError,
 )
-from constrain.generate import Request, agenerate, astream, generate, stream
+from constrain.generation import (
+    ChatOptions,
+    GenerateOptions,
+    Request,
+    SamplingOptions,
+    StreamOptions,
+    agenerate,
+    astream,
+    generate,
+    stream,
+)
 from constrain.match.bitmask import allocate_token_bitmask
 from constrain.match.matcher import Matcher, fill_next_token_bitmasks
 from constrain.models.cost import ForwardCost
 from constrain.models.export import export_model
 from constrain.models.loading import ModelHandle, ModelNotFoundError, load_model, load_tokenizer
 from constrain.results import Beam, GenerationResult, StreamEvent, Usage
+from constrain.sampler import InvalidSamplingParamsError, SamplingParams, sample
 from constrain.tools import (
-    ChatDelta,
     ParsedReply,
     Tool,
     ToolCall,
-    ToolCallDelta,
     ToolCalling,
-    ToolCallParser,
     ToolFormat,
     tool,
     tool_calling,
     tool_format,
 )
-from sampler import SamplingParams, sample
 
 __all__ = [
+    "AutoLimits",
     "Beam",
     "BeamSearchError",
     "BudgetError",
-    "ChatDelta",
+    "ChatOptions",
     "ChatResult",
     "Choice",
     "CompileError",
@@ -75,33 +84,31 @@ __all__ = [
     "CoverageEntry",
     "DraftModelProposer",
     "ForwardCost",
+    "GenerateOptions",
     "GenerationResult",
     "Grammar",
     "GrammarError",
-    "IncrementalDetokenizer",
+    "InvalidSamplingParamsError",
     "JsonSchema",
     "Matcher",
     "ModelHandle",
     "ModelNotFoundError",
     "NgramProposer",
     "ParsedReply",
-    "PartialJson",
     "Proposer",
     "Reasoning",
     "ReasoningError",
     "Regex",
     "RegexError",
     "Request",
+    "SamplingOptions",
     "SamplingParams",
     "SchemaError",
-    "StopText",
-    "StopUpdate",
     "StreamEvent",
+    "StreamOptions",
     "TokenizerInfo",
     "Tool",
     "ToolCall",
-    "ToolCallDelta",
-    "ToolCallParser",
     "ToolCalling",
     "ToolError",
     "ToolFormat",

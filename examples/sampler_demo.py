@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sampler import SamplingParams, rejection_sample, sample
+from constrain.sampler import SamplingParams, rejection_sample, sample
 
 VOCAB = ["<eos>", "yes", "no", "maybe", "the", "cat", "sat", "on", "a", "mat", ",", "."]
 

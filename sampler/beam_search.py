@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sampler.ops.bitmask import apply_token_bitmask_inplace
+from .ops.bitmask import apply_token_bitmask_inplace
 
 __all__ = ["BeamSearchStep", "beam_search_step"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sampler.params import MAX_SEED, SamplingParams
-from sampler.rng import row_keys
+from .params import MAX_SEED, SamplingParams
+from .rng import row_keys
 
 __all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata"]
 
@@ -25,7 +25,7 @@ TokenIds = Sequence[Sequence[int]] | None
 
 @dataclass(slots=True)
 class Penalties:
-    """Token ids for the penalty stage, padded per row (see :mod:`sampler.ops.penalties`)."""
+    """Token ids for the penalty stage, padded per row (see :mod:`constrain.sampler.ops.penalties`)."""
 
     seen_ids: torch.Tensor  # [B, Ls] int64, prompt and output
     output_ids: torch.Tensor  # [B, Lo] int64

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sampler.errors import InvalidSamplingParamsError
+from .errors import InvalidSamplingParamsError
 
 __all__ = ["MAX_LOGPROBS", "MAX_SEED", "SamplingParams"]
 
@@ -44,7 +44,7 @@ class SamplingParams:
     """How one request turns logits into a token.
 
     Every field is validated in ``__post_init__``; a bad value raises
-    :class:`~sampler.errors.InvalidSamplingParamsError` (a ``ValueError``) naming
+    :class:`~constrain.sampler.errors.InvalidSamplingParamsError` (a ``ValueError``) naming
     the field and the value. Instances are immutable and hashable.
 
     Parameters

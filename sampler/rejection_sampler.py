@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sampler.ops.sampling import inverse_cdf_sample
-from sampler.params import MAX_SEED
-from sampler.rng import Stream, row_keys, uniform
+from .ops.sampling import inverse_cdf_sample
+from .params import MAX_SEED
+from .rng import Stream, row_keys, uniform
 
 __all__ = ["RejectionSamplerOutput", "rejection_sample"]
 

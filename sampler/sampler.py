@@ -7,15 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-from sampler.metadata import SamplingMetadata, TokenIds
-from sampler.ops.bitmask import apply_token_bitmask_inplace
-from sampler.ops.blocks import block_argmax, block_max, block_topk
-from sampler.ops.logprobs import gather_logprobs
-from sampler.ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
-from sampler.ops.sampling import sample_top_p_rejection, sample_window
-from sampler.ops.topk_topp import apply_top_k_top_p_min_p, top_k_threshold
-from sampler.params import SamplingParams
-from sampler.rng import Stream, uniform
+from .metadata import SamplingMetadata, TokenIds
+from .ops.bitmask import apply_token_bitmask_inplace
+from .ops.blocks import block_argmax, block_max, block_topk
+from .ops.logprobs import gather_logprobs
+from .ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
+from .ops.sampling import sample_top_p_rejection, sample_window
+from .ops.topk_topp import apply_top_k_top_p_min_p, top_k_threshold
+from .params import SamplingParams
+from .rng import Stream, uniform
 
 __all__ = ["LogprobsOutput", "Sampler", "SamplerOutput", "sample"]
 
@@ -234,7 +234,7 @@ class Sampler:
         # [r, V] float32 or None
         raw_logprobs: torch.Tensor | None,
     ) -> LogprobsOutput:
-        """Stage 11: see :class:`~sampler.params.SamplingParams` ``logprobs_mode``."""
+        """Stage 11: see :class:`~constrain.sampler.params.SamplingParams` ``logprobs_mode``."""
         batch, n = token_ids.shape[0], max(md.max_num_logprobs or 0, 1)
         out = LogprobsOutput(
             sampled=torch.full((batch,), float("nan"), device=logits.device),

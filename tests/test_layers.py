@@ -39,8 +39,8 @@ def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
         ),
         (  # an upward import, even under TYPE_CHECKING
             {"match/__init__.py": "", "compile/__init__.py": "", "compile/c.py": "X = 1\n",
-             "match/m.py": "import typing\nif typing.TYPE_CHECKING:\n    from constrain.compile.c import X\n"},
-            "constrain.match.m:3: imports constrain.compile.c, a layer above it (compile > match)",
+             "match/m.py": "import typing\nif typing.TYPE_CHECKING:\n    from constrain.compiler.c import X\n"},
+            "constrain.match.m:3: imports constrain.compiler.c, a layer above it (compiler > match)",
         ),
         (  # a private name across modules
             {"match/__init__.py": "", "match/a.py": "_x = 1\n", "match/b.py": "from constrain.match.a import _x\n"},

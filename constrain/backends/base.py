@@ -4,7 +4,7 @@ In the shape of vLLM's ``structured_output/backend_types.py``. Each engine modul
 (:mod:`~constrain.backends.xgrammar`, :mod:`~constrain.backends.llguidance`) has a
 :class:`Backend` per tokenizer that turns engine-neutral input (EBNF text, a regex,
 a JSON schema's text) into a :class:`CompiledGrammar`; each request takes a fresh
-:class:`GrammarState` from it. Only ``constrain.compile`` calls an engine by name (to
+:class:`GrammarState` from it. Only ``constrain.compiler`` calls an engine by name (to
 build grammars); the layers above speak these protocols alone, and never ask
 which engine they have but through :attr:`CompiledGrammar.engine`.
 

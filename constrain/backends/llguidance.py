@@ -5,7 +5,7 @@ masks are then fast, but a large schema takes seconds to compile. llguidance
 computes masks lazily (a lexer over the token trie): compiling costs about a
 millisecond, masks a little more. :func:`constrain.compile` with ``engine="auto"``
 serves the constraints xgrammar would take long to compile with llguidance (see
-:class:`constrain.compile.routing.AutoLimits`).
+:class:`constrain.compiler.routing.AutoLimits`).
 
 :class:`LlgState` is a :class:`~constrain.backends.base.GrammarState` with xgrammar's semantics: a rejected
 token returns ``False`` and leaves the state unchanged (llguidance would enter an

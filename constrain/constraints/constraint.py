@@ -16,7 +16,7 @@ import jsonschema
 import jsonschema_rs
 import regex as regex_module
 
-import grammars
+from constrain import grammars
 from constrain.backends import xgrammar
 from constrain.caches import bounded
 from constrain.errors import GrammarError, RegexError, SchemaError

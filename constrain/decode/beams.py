@@ -5,7 +5,7 @@ checked up front) and runs it: the prompt is prefilled once; each step runs one 
 live beams (the KV cache reordered to follow them, a beam's rows duplicated where it has several
 children), fills each beam's bitmask from its own :class:`~constrain.match.matcher.Matcher` (its parent's,
 forked, plus the token it took), and expands every beam by every allowed token with
-:func:`sampler.beam_search_step`.
+:func:`constrain.sampler.beam_search_step`.
 
 Definitions
 -----------
@@ -28,7 +28,7 @@ Definitions
 One step (``W = num_beams``)
 ----------------------------
 1. Every live beam's end (EOS) is offered to the finished hypotheses, which keep the ``W`` best.
-2. The expansions (beam, token) are walked best first (:func:`~sampler.beam_search_step`'s ``2W``
+2. The expansions (beam, token) are walked best first (:func:`~constrain.sampler.beam_search_step`'s ``2W``
    best, more when those run out): each token its beam's matcher accepts makes a child, which either
    finishes at once (complete, nothing more allowed) or lives on; the walk stops at ``W`` children.
    A child that finishes takes one of the ``W`` places as the live beam it stands for would (its only
@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 
-from constrain.compile.compiler import CompiledConstraint
+from constrain.compiler.compiler import CompiledConstraint
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.request import check_output
 from constrain.errors import BeamSearchError
@@ -81,7 +81,7 @@ from constrain.match.matcher import Matcher, fill_next_token_bitmasks
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
 from constrain.results import Beam, GenerationResult, Usage
-from sampler import SamplingParams, beam_search_step
+from constrain.sampler import SamplingParams, beam_search_step
 
 __all__ = ["BeamSearch", "check_beam_options", "check_sampling"]
 

@@ -24,7 +24,7 @@ import torch
 
 from constrain.match.bitmask import clear_bits
 from constrain.match.matcher import Matcher
-from sampler import SamplingParams
+from constrain.sampler import SamplingParams
 
 __all__ = ["MAX_REFUSALS", "CheckedSlot", "checks_sampled_token", "settle"]
 

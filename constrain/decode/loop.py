@@ -35,7 +35,7 @@ from constrain.decode.request import InFlight
 from constrain.decode.speculative import Acceptance, Proposer, plan_drafts
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
-from sampler import Sampler, SamplingMetadata, SamplingParams
+from constrain.sampler import Sampler, SamplingMetadata, SamplingParams
 
 __all__ = ["DecodeLoop", "project_only", "run"]
 
@@ -183,7 +183,7 @@ class DecodeLoop:
         proposer's prior). Each must be started (:meth:`InFlight.start <constrain.decode.request.InFlight.start>`,
         which admission calls), else ``ValueError``."""
         if not all(r.started for r in requests):
-            raise ValueError("a request joins the loop after InFlight.start() (constrain.generate.admit calls it)")
+            raise ValueError("a request joins the loop after InFlight.start() (constrain.generation.admit calls it)")
         if self.proposer is not None:
             for r in requests:
                 r.acceptance = Acceptance(prior=self.proposer.acceptance_prior)

@@ -1,6 +1,6 @@
 """One completion in flight: the per-request state machine a :class:`~constrain.decode.loop.DecodeLoop` advances.
 
-An :class:`InFlight` is built by admission (:func:`constrain.generate.admit`), which calls its
+An :class:`InFlight` is built by admission (:func:`constrain.generation.admit`), which calls its
 :meth:`InFlight.start` (the matcher and the closing budget: :class:`~constrain.errors.BudgetError`
 there, before any forward pass). Each sampled token then goes through :meth:`InFlight.step`
 (closing budget, grammar, detokenizer, stop strings, events) until the request finishes, and
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from constrain.compile.compiler import CompiledConstraint
+from constrain.compiler.compiler import CompiledConstraint
 from constrain.constraints.constraint import JsonSchema
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.partial import PartialJson
@@ -28,7 +28,7 @@ from constrain.match.matcher import Matcher
 from constrain.match.repetition import RepetitionGuard
 from constrain.match.validate import parse_json
 from constrain.results import FinishReason, GenerationResult, StreamEvent, Usage
-from sampler import SamplingParams
+from constrain.sampler import SamplingParams
 
 __all__ = ["GUARD_WINDOW", "InFlight", "MaskFilter", "check_output"]
 

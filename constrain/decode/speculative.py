@@ -31,7 +31,7 @@ from constrain.match.bitmask import allocate_token_bitmask
 from constrain.match.matcher import Matcher
 from constrain.models.cost import cache_keyword
 from constrain.models.loading import ModelHandle, model_handle
-from sampler.ops.bitmask import apply_token_bitmask_inplace
+from constrain.sampler.ops.bitmask import apply_token_bitmask_inplace
 
 __all__ = [
     "ACCEPTANCE_PRIOR",

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from constrain.compile.compiler import compile
+from constrain.compiler.compiler import compile
 from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
 from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.request import GUARD_WINDOW

@@ -36,7 +36,7 @@ from constrain.integrations.guide import Guide, allow_only, guide_spec
 from constrain.match.bitmask import allocate_token_bitmask
 from constrain.match.matcher import fill_next_token_bitmasks
 from constrain.models.loading import load_tokenizer
-from sampler.ops.bitmask import apply_token_bitmask_inplace
+from constrain.sampler.ops.bitmask import apply_token_bitmask_inplace
 
 __all__ = ["EXTRA_ARGS_KEY", "ConstrainLogitsProcessor"]
 

@@ -1,6 +1,6 @@
 """The token bitmask on the host: allocating it, reading a row, clearing and setting tokens.
 
-Layout (xgrammar's, which :mod:`sampler.ops.bitmask` applies to the logits): a bitmask is int32
+Layout (xgrammar's, which :mod:`constrain.sampler.ops.bitmask` applies to the logits): a bitmask is int32
 ``[B, ceil(V / 32)]``; token ``t`` is allowed in row ``i`` iff bit ``t % 32`` of word
 ``bitmask[i, t // 32]`` is set (bit 31 is the sign bit: a word with token ``32w + 31`` allowed is
 negative). Bits for ids ``>= V`` are padding. Reference loop::

@@ -55,7 +55,7 @@ class _Trail(Generic[_State]):
 
 
 class Compiled(Protocol):
-    """What a matcher needs of a compiled constraint (:class:`constrain.compile.compiler.CompiledConstraint`,
+    """What a matcher needs of a compiled constraint (:class:`constrain.compiler.compiler.CompiledConstraint`,
     which makes matchers: this layer sits below it)."""
 
     @property

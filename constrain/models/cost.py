@@ -58,7 +58,10 @@ class ForwardCost:
         Seconds of a pass of that many tokens: positive and non-decreasing (a pass that feeds more
         tokens is never cheaper). Only ratios are used, so any unit works.
 
-    Raises ``ValueError`` on a table that breaks these rules.
+    Raises
+    ------
+    ValueError
+        On a table that breaks these rules.
     """
 
     tokens: tuple[int, ...]

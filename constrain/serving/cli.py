@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(args)
     from constrain.errors import ConstraintError
-    from constrain.generate import generate, stream
+    from constrain.generation import generate, stream
     from constrain.models.loading import ModelNotFoundError
     from constrain.results import GenerationResult
 

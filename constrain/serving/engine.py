@@ -74,6 +74,8 @@ class Engine:
     prefix_cache_bytes : int or None, default: None (sized to the machine, at most 512 MiB)
         The bound on the prompts' KV kept for reuse (:class:`~constrain.decode.kv.PrefixCache`), in bytes.
 
+    Notes
+    -----
     One request never breaks another: a fault in one request's row (masking, sampling, advancing,
     detokenizing, its ``on_event``) ends that request alone, whose ``on_done`` gets the exception
     (:attr:`InFlight.fault <constrain.decode.request.InFlight.fault>`); its neighbours go on (see
@@ -126,7 +128,7 @@ class Engine:
         self._thread.start()
 
     def submit(self, requests: Sequence[InFlight], on_done: Done) -> None:
-        """Queue ``requests`` (built by ``constrain.generate.admit``, their ``on_event`` set if
+        """Queue ``requests`` (built by ``constrain.generation.admit``, their ``on_event`` set if
         wanted); ``on_done(request, result)`` is called once per request, on the engine thread."""
         if self._closed:
             raise RuntimeError("the engine is closed")

@@ -1,12 +1,12 @@
 """OpenAI's chat and completions API as ``constrain`` requests: the request bodies (pydantic models,
-validated on arrival), their translation into :class:`~constrain.generate.Request` s, and the
+validated on arrival), their translation into :class:`~constrain.generation.Request` s, and the
 response bodies and stream chunks built from results. No HTTP here (see :mod:`constrain.serving.server`).
 
 Decisions, where OpenAI's API leaves room:
 
 - No field is silently ignored. An unknown field is refused (400, naming it), so that a misspelt
   parameter does not pass unnoticed. Every known field either shapes the generation (the
-  :class:`~constrain.generate.Request` built) or acts on the response or the server (listed, with what
+  :class:`~constrain.generation.Request` built) or acts on the response or the server (listed, with what
   it does, in :data:`SERVED_FIELDS`); a field given where it could do neither is refused with a 400
   whose ``param`` is its dotted path (:class:`FieldError`), as OpenAI refuses it: ``stream_options``
   without ``stream: true``, ``top_logprobs`` without ``logprobs: true``, ``tool_choice`` or
@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from constrain.constraints.constraint import json_object, json_schema
 from constrain.errors import BeamSearchError
-from constrain.generate import DEFAULT_MAX_TOKENS, Request
+from constrain.generation import DEFAULT_MAX_TOKENS, Request
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
 from constrain.tools.calling import ToolCalling, tool_calling
@@ -88,7 +88,7 @@ SERVED_FIELDS: dict[str, str] = {
     "response_format.json_schema.description": "labels the schema; not shown to the model",
 }
 """The request fields (dotted paths) that act on the response or the server rather than on the
-generation, with what each does: every other field shapes the :class:`~constrain.generate.Request`
+generation, with what each does: every other field shapes the :class:`~constrain.generation.Request`
 built, or is refused (see the module docstring)."""
 
 
@@ -189,7 +189,7 @@ class _Common(_Body):
         return self.best_of or self.n
 
     def sampling(self, logprobs: int | None) -> dict[str, Any]:
-        """The :class:`sampler.SamplingParams` fields given (validated when the request is built)."""
+        """The :class:`constrain.sampler.SamplingParams` fields given (validated when the request is built)."""
         fields = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "seed")  # fmt: skip
         out = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}

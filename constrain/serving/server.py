@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException
 
 from constrain.decode.request import InFlight
 from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
-from constrain.generate import Request, admit, admit_beam_search
+from constrain.generation import Request, admit, admit_beam_search
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from constrain.serving.engine import Engine
@@ -58,7 +58,7 @@ from constrain.serving.protocol import (
 )
 from constrain.tools.calling import ToolCalling
 from constrain.tools.reply import assistant_reply
-from sampler.errors import SamplerError
+from constrain.sampler.errors import SamplerError
 
 __all__ = ["create_app", "serve"]
 
@@ -105,7 +105,7 @@ class _Submission:
         self.finished = 0
 
     def admit(self, handle: ModelHandle, specs: list[Request]) -> list[list[InFlight]]:
-        """Each spec's requests (:func:`constrain.generate.admit`), their events (when streaming, without
+        """Each spec's requests (:func:`constrain.generation.admit`), their events (when streaming, without
         partial values: the wire format has none) numbered in order across the specs."""
         groups: list[list[InFlight]] = []
         for spec in specs:

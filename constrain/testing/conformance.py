@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from constrain.compile.compiler import compile as compile_constraint
+from constrain.compiler.compiler import compile as compile_constraint
 from constrain.constraints.constraint import json_schema
 from constrain.errors import ConstraintError
 from constrain.testing.matching import accepts

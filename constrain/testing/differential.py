@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from constrain.compile.compiler import CompiledConstraint
-from constrain.compile.compiler import compile as compile_constraint
+from constrain.compiler.compiler import CompiledConstraint
+from constrain.compiler.compiler import compile as compile_constraint
 from constrain.constraints.constraint import json_schema
 from constrain.errors import ConstraintError
 from constrain.testing.instances import ComparedText, hypothesis_instances, mode_texts, mutations
@@ -225,7 +225,7 @@ _VIOLATIONS = (
 
 
 def _violated(message: str) -> str:
-    """The keyword a :meth:`~constrain.compile.compiler.CompiledConstraint.validate` message reports."""
+    """The keyword a :meth:`~constrain.compiler.compiler.CompiledConstraint.validate` message reports."""
     return next((keyword for words, keyword in _VIOLATIONS if words in message), "another keyword")
 
 

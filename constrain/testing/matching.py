@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from constrain.compile.compiler import CompiledConstraint
+from constrain.compiler.compiler import CompiledConstraint
 from constrain.match.bitmask import allocate_token_bitmask, is_allowed
 from constrain.match.bitmask import allowed_ids as row_allowed_ids
 from constrain.match.matcher import Matcher

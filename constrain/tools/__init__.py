@@ -1,6 +1,6 @@
 """Function calling: tool definitions, call formats, prompts, the grammar of a reply, its parser, the reply.
 
-``constrain.chat`` (:mod:`constrain.chat`) is the call that puts these together.
+:func:`constrain.chat` is the call that puts these together.
 """
 
 from constrain.tools.calling import ToolCalling, ToolChoice, tool_calling

@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 from pydantic.json_schema import GenerateJsonSchema
 
-from constrain.compile.json_schema import json_schema_ebnf
+from constrain.compiler.json_schema import json_schema_ebnf
 from constrain.constraints.constraint import JsonSchema, json_schema
 from constrain.errors import ConstraintError, ToolError
 from constrain.match.validate import parse_json, schema_violations

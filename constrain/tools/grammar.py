@@ -2,7 +2,7 @@
 
 The calls are written as their :class:`~constrain.tools.formats.ToolFormat` spells them; each call's
 arguments follow its tool's JSON Schema through our strict grammar
-(:func:`constrain.compile.json_schema.json_schema_ebnf`). In ``"auto"`` replies, free text runs until
+(:func:`constrain.compiler.json_schema.json_schema_ebnf`). In ``"auto"`` replies, free text runs until
 the format's trigger, after which the calls are enforced: xgrammar's structural tags compile this
 into one grammar (:func:`constrain.backends.xgrammar.structural_tag_ebnf`).
 """
@@ -19,7 +19,7 @@ from xgrammar import structural_tag as st
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.backends.xgrammar import structural_tag_ebnf
 from constrain.caches import bounded
-from constrain.compile.json_schema import json_schema_ebnf
+from constrain.compiler.json_schema import json_schema_ebnf
 from constrain.constraints.constraint import EmbeddedJson, Grammar, grammar
 from constrain.tools.definitions import Tool
 from constrain.tools.formats import CALL_END, CALL_OPEN, NAME_END, ToolFormat

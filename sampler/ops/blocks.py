@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sampler.ops.sampling import BLOCK
+from .sampling import BLOCK
 
 __all__ = ["block_argmax", "block_max", "block_topk"]
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from sampler.ops.topk_topp import top_p_threshold
-from sampler.rng import Stream, uniform
+from .topk_topp import top_p_threshold
+from ..rng import Stream, uniform
 
 __all__ = ["MAX_REJECTION_ROUNDS", "block_sums", "inverse_cdf_sample", "sample_top_p_rejection", "sample_window"]
 
@@ -181,7 +181,7 @@ def sample_top_p_rejection(
     with the larger distribution's nucleus: the mass above a kept token is the same in both.
 
     Rows need a positive maximum. Uses stream ``Stream.SAMPLE + round`` of
-    :func:`sampler.rng.uniform`. Later rounds copy their rows into the second
+    :func:`constrain.sampler.rng.uniform`. Later rounds copy their rows into the second
     half of ``scratch`` (a reused buffer: fresh pages cost as much as a pass).
     """
     n = probs.shape[0]

@@ -2,7 +2,7 @@
 
 Each filter keeps an *upper set* of the row (every token at or above a
 threshold), so the three compose into one threshold per row. The sampling hot
-path (:mod:`sampler.ops.sampling`) never materialises these thresholds for
+path (:mod:`constrain.sampler.ops.sampling`) never materialises these thresholds for
 top-p; these functions are the exact definition, used for processed logprobs,
 for target distributions in speculative decoding and as the fallback of the
 rejection loop. They never sort the whole vocabulary: top-p widens a ``topk``

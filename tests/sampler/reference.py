@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from sampler import SamplingParams
+from constrain.sampler import SamplingParams
 
 
 def allowed_from_bitmask(bitmask_row: torch.Tensor, vocab: int) -> torch.Tensor:

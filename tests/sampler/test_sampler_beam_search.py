@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sampler import beam_search_step
+from constrain.sampler import beam_search_step
 
 
 def test_step_matches_brute_force(device):

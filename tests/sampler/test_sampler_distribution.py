@@ -16,9 +16,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import sampler.ops.sampling as sampling_ops
-from sampler import SamplingParams, rejection_sample, sample
-from sampler.ops.sampling import inverse_cdf_sample
+import constrain.sampler.ops.sampling as sampling_ops
+from constrain.sampler import SamplingParams, rejection_sample, sample
+from constrain.sampler.ops.sampling import inverse_cdf_sample
 
 from reference import target_distribution
 

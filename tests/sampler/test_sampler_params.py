@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sampler import InvalidSamplingParamsError, SamplingMetadata, SamplingParams, sample
+from constrain.sampler import InvalidSamplingParamsError, SamplingMetadata, SamplingParams, sample
 
 field__value__bad = [
     ("temperature", -0.1),

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sampler import SamplingParams, sample
+from constrain.sampler import SamplingParams, sample
 
 params_strategy = st.builds(
     SamplingParams,

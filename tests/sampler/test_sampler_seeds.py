@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sampler import Sampler, SamplingMetadata, SamplingParams, sample
-from sampler.rng import row_keys, uniform
+from constrain.sampler import Sampler, SamplingMetadata, SamplingParams, sample
+from constrain.sampler.rng import row_keys, uniform
 
 VOCAB = 5000
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace, sample
-from sampler.ops.blocks import block_argmax, block_max, block_topk
-from sampler.ops.topk_topp import apply_top_k_top_p_min_p
+from constrain.sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace, sample
+from constrain.sampler.ops.blocks import block_argmax, block_max, block_topk
+from constrain.sampler.ops.topk_topp import apply_top_k_top_p_min_p
 
 from reference import allowed_from_bitmask, filtered_logits, target_distribution
 

@@ -6,7 +6,7 @@ import pytest
 import xgrammar as xgr
 
 import constrain
-import grammars
+from constrain import grammars
 
 grammar__accepted__rejected = {
     "json": (

@@ -23,7 +23,7 @@ from constrain.decode.beams import BeamSearch
 from constrain.errors import BeamSearchError
 from constrain.match.bitmask import allocate_token_bitmask
 from constrain.testing import LocalServer
-from sampler.ops.bitmask import bitmask_penalty
+from constrain.sampler.ops.bitmask import bitmask_penalty
 
 PROMPT = "Pick one:"
 SCHEMA = {

@@ -12,7 +12,7 @@ from scipy.stats import chi2_contingency
 from constrain.decode.checked import MAX_REFUSALS, CheckedSlot, checks_sampled_token, settle
 from constrain.match.bitmask import allocate_token_bitmask, allowed_ids, clear_bits
 from constrain.match.values import DEAD_END, VIABLE
-from sampler import Sampler, SamplingMetadata, SamplingParams
+from constrain.sampler import Sampler, SamplingMetadata, SamplingParams
 
 VOCAB = 24
 

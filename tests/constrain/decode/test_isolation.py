@@ -10,7 +10,7 @@ import pytest
 
 import constrain
 from constrain.decode.loop import DecodeLoop
-from constrain.generate import admit
+from constrain.generation import admit
 from constrain.testing.faults import STAGES, InjectedFault, inject
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "tag": {"type": "string",

@@ -8,7 +8,7 @@ import torch
 import constrain
 from constrain.decode.kv import MIN_PREFIX, longest_prefix, prefill_groups
 from constrain.decode.loop import DecodeLoop
-from constrain.generate import admit
+from constrain.generation import admit
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items":
           {"type": "string", "maxLength": 8}, "maxItems": 3}}, "required": ["n", "tags"]}  # fmt: skip

@@ -579,7 +579,7 @@ def _generate_four_ways(handle: constrain.ModelHandle, coverage: Coverage, batch
 
 
 def test_generate_gives_plain_decodings_tokens_in_every_setting(tiny, summary):
-    """Batches of 1 to 3 drawn requests through ``constrain.generate``, four ways each."""
+    """Batches of 1 to 3 drawn requests through ``constrain.generation``, four ways each."""
     coverage = Coverage("generate")
     summary.append(coverage)
     _generate_four_ways(tiny, coverage)
@@ -637,7 +637,7 @@ def _chat_four_ways(handle: constrain.ModelHandle, coverage: Coverage, options: 
 
 
 def test_chat_with_tools_gives_plain_decodings_tokens_in_every_setting(tiny, summary):
-    """Drawn ``constrain.chat`` calls with tools, four ways each."""
+    """Drawn ``constrain.conversation`` calls with tools, four ways each."""
     coverage = Coverage("chat with tools")
     summary.append(coverage)
     _chat_four_ways(tiny, coverage)

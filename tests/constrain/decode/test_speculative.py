@@ -22,7 +22,7 @@ from constrain.decode.speculative import (
     ngram_proposal,
     plan_drafts,
 )
-from constrain.generate import admit, generate
+from constrain.generation import admit, generate
 from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost
 
 SCHEMA = {

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import constrain
-from constrain.generate import generate
+from constrain.generation import generate
 from constrain.match.budget import Budget, initial_closings
 from constrain.testing import allowed_ids
 

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import constrain
-from constrain.generate import generate
+from constrain.generation import generate
 from constrain.match import budget as budget_module
 from constrain.match.budget import Budget, initial_closings
 from constrain.match.closing import completion

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import constrain
-from constrain.compile import compiler
-from constrain.compile.json_schema import AT_BOUNDARIES
+from constrain.compiler import compiler
+from constrain.compiler.json_schema import AT_BOUNDARIES
 from constrain.testing import accepts
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import constrain
 from constrain.decode.loop import run
-from constrain.generate import admit
+from constrain.generation import admit
 from constrain.serving.engine import Engine
 
 SPECS = [

@@ -1,4 +1,4 @@
-"""The request bodies' translation into :class:`~constrain.generate.Request` s: no field silently ignored.
+"""The request bodies' translation into :class:`~constrain.generation.Request` s: no field silently ignored.
 
 Every field of both request bodies (nested ones too, found by walking ``model_fields``, so that a field
 added later without a decision fails :func:`test_every_field_has_a_decision`) has cases below: given

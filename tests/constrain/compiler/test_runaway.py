@@ -9,8 +9,8 @@ import pytest
 
 import constrain
 from constrain import caches
-from constrain.compile import background, compiler
-from constrain.compile.background import RunawayCompiles
+from constrain.compiler import background, compiler
+from constrain.compiler.background import RunawayCompiles
 
 BOUND = 2
 

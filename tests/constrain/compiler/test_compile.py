@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import constrain
-from constrain.compile.cache import ByteLRU
+from constrain.compiler.cache import ByteLRU
 from constrain.testing import accepts, allowed_ids, token_ids, walk
 
 
@@ -72,7 +72,7 @@ def test_byte_lru_bounds_entries_too():
 
 def test_the_compile_cache_is_sized_to_the_machine(monkeypatch):
     from constrain import caches
-    from constrain.compile import compiler
+    from constrain.compiler import compiler
 
     for memory, expected in ((24 << 30, int(0.01 * (24 << 30))), (1 << 30, 64 << 20), (1 << 40, 1 << 30),
                              (None, 1 << 30)):  # fmt: skip

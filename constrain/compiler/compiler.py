@@ -4,8 +4,8 @@
 tokenizer-bound grammar of one engine, plus what it enforces) once per
 (constraint, tokenizer, engine); per-request state lives in
 :class:`~constrain.match.matcher.Matcher`, which :meth:`CompiledConstraint.matcher` makes.
-What each engine is given is :mod:`~constrain.compile.json_schema`'s; which engine
-``"auto"`` picks is :mod:`~constrain.compile.routing`'s.
+What each engine is given is :mod:`~constrain.compiler.json_schema`'s; which engine
+``"auto"`` picks is :mod:`~constrain.compiler.routing`'s.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from constrain.backends import xgrammar
 from constrain.backends.base import CompiledGrammar
 from constrain.backends.llguidance import json_schema_grammar, regex_grammar
 from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.compile.background import in_background
-from constrain.compile.cache import ByteLRU
-from constrain.compile.json_schema import (
+from constrain.compiler.background import in_background
+from constrain.compiler.cache import ByteLRU
+from constrain.compiler.json_schema import (
     embedded_checks,
     json_schema_ebnf,
     llguidance_schema,
@@ -30,7 +30,7 @@ from constrain.compile.json_schema import (
     unique_keys,
     value_checks,
 )
-from constrain.compile.routing import AUTO_LIMITS, ENGINES, AutoLimits, auto_engine
+from constrain.compiler.routing import AUTO_LIMITS, ENGINES, AutoLimits, auto_engine
 from constrain.constraints.constraint import (
     MAX_WHITESPACE,
     SEPARATORS,
@@ -225,7 +225,7 @@ def compile(
     timeout_s : float or None, default: None (no limit)
         Compile-time budget in seconds: the compile runs on a thread of its own, and past the
         budget :class:`CompileError` is raised at once (the engine finishes in the background and
-        caches the result). While :data:`~constrain.compile.background.MAX_RUNAWAY_COMPILES` such
+        caches the result). While :data:`~constrain.compiler.background.MAX_RUNAWAY_COMPILES` such
         compiles are still running, a compile with a budget is refused at once (a cache hit is not).
     engine : "auto", "xgrammar" or "llguidance", default: "auto"
         The grammar engine. ``"auto"``: xgrammar (fastest masks), except for JSON
@@ -233,7 +233,7 @@ def compile(
         which llguidance serves where it supports them. Both enforce the same
         language, except that llguidance takes properties in the schema's order only.
     auto_limits : AutoLimits, default: AUTO_LIMITS
-        When ``"auto"`` picks llguidance (:class:`~constrain.compile.routing.AutoLimits`).
+        When ``"auto"`` picks llguidance (:class:`~constrain.compiler.routing.AutoLimits`).
 
     Raises
     ------

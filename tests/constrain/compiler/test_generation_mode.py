@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 import constrain
-from constrain.generate import generate
+from constrain.generation import generate
 from constrain.serving.protocol import ChatCompletionRequest, chat_requests
 from constrain.testing import allowed_ids, token_ids, walk
 
@@ -178,7 +178,7 @@ def test_formatting_is_forced_text(smol_tokenizer, engine):
 
 def test_generation_defaults_everywhere(tiny):
     """Python API, server (json_schema without strict, json_object) and tools take generation mode."""
-    from constrain.generate import resolve_constraint
+    from constrain.generation import resolve_constraint
     from constrain.tools.calling import tool_calling
 
     assert resolve_constraint(PROFILE, None, None, None, None) == constrain.json_schema(PROFILE)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import constrain
-from constrain.generate import agenerate, astream, generate, stream
+from constrain.generation import agenerate, astream, generate, stream
 from constrain.models.cost import ForwardCost, cache_keyword
-from sampler import InvalidSamplingParamsError
+from constrain.sampler import InvalidSamplingParamsError
 
 SMALL = {
     "type": "object",
@@ -196,7 +196,7 @@ def _counted(forward, calls, *args, **kwargs):
 def test_jump_forward_speculation_and_overlap_change_no_token(tiny, sampling):
     """Forced text and n-gram proposals verified as drafts in one forward pass, and masks filled beside
     the forward: the tokens are those of plain decoding, for greedy and seeded sampling alike."""
-    gen = importlib.import_module("constrain.generate")
+    gen = importlib.import_module("constrain.generation")
     specs = [constrain.Request("JSON:", schema=FORCED, max_tokens=60, sampling=sampling),
              constrain.Request("JSON:", schema=SMALL, max_tokens=40, sampling=sampling),
              constrain.Request("Code:", regex=r"\d{3}-(abc|xyz)-\d{2}", sampling=sampling),
@@ -235,7 +235,7 @@ FILM_PROMPT = [{"role": "user", "content": "Describe the film Alien (1979) by Ri
 def _one_token_and_wide_logits(handle, prompt, output):  # -> ([n, V], [n, V]) float32
     """The logits before each of ``output``'s tokens: one token per forward pass (plain decoding's), and
     from one pass over the whole text (as a block of drafts computes them)."""
-    from constrain.generate import prompt_ids
+    from constrain.generation import prompt_ids
 
     ids, model = prompt_ids(handle, prompt), handle.model
     keyword = cache_keyword(model)

@@ -49,7 +49,7 @@ KNOWN_GENERATION: dict[str, str] = {
     "xgrammar accepts a violation of format": "xgrammar's format regexes are looser than the format checker "
     "(a date takes days 29 to 31 in every month; llguidance checks the calendar); validate() flags the text",
     "llguidance grammar superset: minProperties": "llguidance refuses minProperties beside optional keys: dropped "
-    "and checked by validate() (constrain.compile.json_schema.llguidance_schema)",
+    "and checked by validate() (constrain.compiler.json_schema.llguidance_schema)",
     "llguidance grammar superset: maxProperties": "as minProperties",
     "llguidance mask narrower than its grammar": "where the grammar forces bytes (the rest of an enum value, a "
     "key), llguidance's mask allows its own tokenization of them only; xgrammar's, every one",

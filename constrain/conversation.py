@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from constrain.generate import generate
+from typing_extensions import Unpack
+
+from constrain.generation import ChatOptions, check_options, generate
 from constrain.models.loading import model_handle
 from constrain.results import FinishReason, GenerationResult
 from constrain.tools.calling import ToolChoice, tool_calling
@@ -51,7 +53,7 @@ def chat(
     tool_choice: ToolChoice = "auto",
     parallel_tool_calls: bool = True,
     tool_format: str | ToolFormat | None = None,
-    **generate_kwargs: Any,
+    **options: Unpack[ChatOptions],
 ) -> ChatResult:
     """One chat reply that may call ``tools``: render the prompt, generate under the tools' grammar, parse.
 
@@ -62,21 +64,22 @@ def chat(
     tools, tool_choice, parallel_tool_calls : see :func:`~constrain.tools.calling.tool_calling`
     tool_format : format name or ToolFormat, default: None (the model family's,
         :func:`~constrain.tools.formats.tool_format`)
-    **generate_kwargs : :func:`constrain.generate`'s options (``max_tokens``, ``temperature``, ``seed``...),
-        except the constraint and ``n`` (:data:`GENERATE_CONSTRAINTS`)
+    **options : :func:`constrain.generate`'s options (:class:`~constrain.generation.ChatOptions`: ``max_tokens``,
+        ``temperature``, ``seed``...), except the constraint and ``n`` (:data:`GENERATE_CONSTRAINTS`)
 
     Raises
     ------
     ToolError, ValueError
         Bad tools or arguments, before anything is generated.
     """
-    given = sorted(set(generate_kwargs) & set(GENERATE_CONSTRAINTS))
+    given = sorted(set(options) & set(GENERATE_CONSTRAINTS))
     if given:
         raise ValueError(f"chat() builds the constraint from the tools and makes one reply: drop {', '.join(given)}")
+    check_options("chat", options, ChatOptions.__annotations__)
     handle = model_handle(model)
     spec = tool_calling(
         tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, format=tool_format or handle.name
     )
-    generation = generate(handle, spec.prompt(handle, messages), constraint=spec.constraint(), **generate_kwargs)
+    generation = generate(handle, spec.prompt(handle, messages), constraint=spec.constraint(), **options)
     reply = assistant_reply(generation, spec.parse(generation.text))
     return ChatResult(reply.content, reply.tool_calls, reply.finish_reason, reply.violations, generation)

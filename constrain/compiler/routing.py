@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from constrain.backends.xgrammar import excluded_key_rules
 from constrain.caches import bounded
-from constrain.compile.json_schema import json_schema_ebnf, prepared
+from constrain.compiler.json_schema import json_schema_ebnf, prepared
 from constrain.constraints.constraint import Constraint, JsonSchema, Regex
 
 __all__ = ["AUTO_LIMITS", "ENGINES", "AutoLimits", "auto_engine"]

@@ -7,14 +7,17 @@ prompts (each a :class:`Request` with its own constraint and parameters) runs as
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, TypedDict
+
+from typing_extensions import Unpack
 
 from constrain.backends.tokenizer import tokenizer_info
-from constrain.compile.compiler import compile
+from constrain.compiler.compiler import compile
 from constrain.constraints.constraint import (
     Choice,
     Constraint,
@@ -31,7 +34,7 @@ from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.drafts import resolve_proposer
 from constrain.decode.feed import Feed
 from constrain.decode.loop import run as _run
-from constrain.decode.reasoning import Thinking, prompt_opens, reasoning_options, template_tags
+from constrain.decode.reasoning import Reasoning, Thinking, prompt_opens, reasoning_options, template_tags
 from constrain.decode.request import InFlight
 from constrain.decode.speculative import Proposer
 from constrain.decode.stopping import StopText
@@ -39,12 +42,17 @@ from constrain.errors import BeamSearchError
 from constrain.models.cost import ForwardCost
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
-from sampler import InvalidSamplingParamsError, SamplingParams
+from constrain.sampler import InvalidSamplingParamsError, SamplingParams
 
 __all__ = [
+    "ChatOptions",
+    "GenerateOptions",
     "Request",
+    "SamplingOptions",
+    "StreamOptions",
     "admit",
     "admit_beam_search",
+    "check_options",
     "agenerate",
     "astream",
     "generate",
@@ -102,7 +110,7 @@ class Request:
 
     Its fields but ``prompt`` and ``sampling`` are the per-prompt keyword arguments of :func:`generate`
     (with the same defaults: this class is where they are written); ``sampling`` holds the
-    :class:`sampler.SamplingParams` fields.
+    :class:`constrain.sampler.SamplingParams` fields.
     """
 
     prompt: Prompt
@@ -128,8 +136,72 @@ REQUEST_OPTIONS = tuple(f.name for f in fields(Request) if f.name not in ("promp
 decoding options are sampling parameters)."""
 
 STREAM_OPTIONS = tuple(name for name in REQUEST_OPTIONS if name not in ("n", "num_beams", "length_penalty"))
-"""Those :func:`stream` takes: one completion, no beam search (``n`` and ``length_penalty`` are then
-sampling parameters, which :class:`sampler.SamplingParams` refuses; ``num_beams`` a :class:`BeamSearchError`)."""
+"""Those :func:`stream` takes: one completion, no beam search."""
+
+DECODING_OPTIONS = ("jump_forward", "speculative", "forward_cost")
+"""The keyword arguments of :func:`generate` that set how the batch decodes, not a request."""
+
+
+class SamplingOptions(TypedDict, total=False):
+    """The keyword options that set a :class:`~constrain.sampler.SamplingParams` field, with its defaults."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    logit_bias: dict[int, float]
+    seed: int | None
+    logprobs: int | None
+    logprobs_mode: Literal["processed", "raw"]
+
+
+class ChatOptions(SamplingOptions, total=False):
+    """The keyword options of :func:`constrain.chat`: those of :func:`generate` but the constraint and ``n``."""
+
+    max_tokens: int
+    stop: Sequence[str] | str | None
+    stop_regex: Sequence[str] | str | None
+    close_in_budget: bool
+    repetition_guard: bool | None
+    reasoning: bool | dict[str, Any] | Reasoning | None
+    num_beams: int
+    length_penalty: float
+    jump_forward: bool
+    speculative: bool | Proposer
+    forward_cost: ForwardCost | None
+
+
+class StreamOptions(SamplingOptions, total=False):
+    """The keyword options of :func:`stream` (:func:`generate`'s but ``n``, ``num_beams``, ``length_penalty``)."""
+
+    schema: Any
+    regex: str | None
+    grammar: str | None
+    choices: Sequence[str] | None
+    constraint: Constraint | None
+    max_tokens: int
+    stop: Sequence[str] | str | None
+    stop_regex: Sequence[str] | str | None
+    close_in_budget: bool
+    repetition_guard: bool | None
+    reasoning: bool | dict[str, Any] | Reasoning | None
+    jump_forward: bool
+    speculative: bool | Proposer
+    forward_cost: ForwardCost | None
+
+
+class GenerateOptions(StreamOptions, total=False):
+    """The keyword options of :func:`generate`: every :class:`Request` field but ``prompt`` and ``sampling``,
+    every :class:`~constrain.sampler.SamplingParams` field, and the decoding options (:data:`DECODING_OPTIONS`).
+    Spelled out so that editors complete them and type checkers check them; the defaults are
+    :class:`Request`'s and :class:`~constrain.sampler.SamplingParams`'."""
+
+    n: int
+    num_beams: int
+    length_penalty: float
 
 
 def admit(
@@ -236,30 +308,49 @@ def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
     return admit_beam_search(handle, spec) if spec.num_beams > 1 else admit(handle, spec)
 
 
-def _requests(prompt: Any, options: dict[str, Any], names: Collection[str]) -> tuple[list[Request], bool]:
-    """The requests of a call, and whether it was a single prompt: the ``options`` in ``names`` set
-    those :class:`Request` fields, the others are its sampling parameters (the same for every prompt
-    given as a string or messages; a :class:`Request` keeps its own)."""
+SAMPLING_OPTIONS = tuple(f.name for f in fields(SamplingParams))
+"""The keyword arguments that set a :class:`~constrain.sampler.SamplingParams` field."""
+
+
+def check_options(call: str, options: Collection[str], known: Collection[str]) -> None:
+    """A ``ValueError`` naming the first of ``options`` (keyword names given to ``call``) not in ``known``,
+    and the option it was likely meant to be."""
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; it takes {', '.join(sorted(known))}"
+            raise ValueError(f"{call}() got an unknown option {name!r}{hint}")
+
+
+def _requests(
+    call: str, prompt: Any, options: dict[str, Any], names: Collection[str]
+) -> tuple[list[Request], dict[str, Any], bool]:
+    """The requests of a call to ``call``, its decoding options, and whether it was a single prompt: the
+    ``options`` in ``names`` set those :class:`Request` fields, the sampling ones its ``sampling`` (the same
+    for every prompt given as a string or messages; a :class:`Request` keeps its own). An option of no
+    kind is a ``ValueError`` that names it (and the option it was likely meant to be)."""
+    check_options(call, options, (*names, *SAMPLING_OPTIONS, *DECODING_OPTIONS))
     single = isinstance(prompt, (str, Request)) or (bool(prompt) and isinstance(prompt[0], dict))
     items = [prompt] if single else list(prompt)
     if not items:
         raise ValueError("no prompt given")
     template = {k: v for k, v in options.items() if k in names}
-    sampling = {k: v for k, v in options.items() if k not in names}
+    sampling = {k: v for k, v in options.items() if k in SAMPLING_OPTIONS}
+    SamplingParams(**sampling)  # checked before the model loads
+    decoding = {k: v for k, v in options.items() if k in DECODING_OPTIONS}
     specs = [p if isinstance(p, Request) else Request(p, **template, sampling=sampling) for p in items]
-    return specs, single
+    return specs, decoding, single
 
 
 def generate(
-    model: Any,
-    prompt: Prompt | Sequence[Prompt],
-    *,
-    jump_forward: bool = True,
-    speculative: bool | Proposer = True,
-    forward_cost: ForwardCost | None = None,
-    **options: Any,
+    model: Any, prompt: Prompt | Request | Sequence[Prompt | Request], **options: Unpack[GenerateOptions]
 ) -> Any:
     """Generate completions, constrained by at most one of schema/regex/grammar/choices/constraint.
+
+    The options are :class:`GenerateOptions`. Every one but ``jump_forward``, ``speculative`` and
+    ``forward_cost`` sets a :class:`Request` field (their defaults are its) or a sampling parameter: each
+    prompt given as a string or messages becomes ``Request(prompt, **those, sampling=the rest)``. An
+    unknown option is a ``ValueError`` that names it, raised before the model loads.
 
     Parameters
     ----------
@@ -302,11 +393,9 @@ def generate(
         The model's forward cost by tokens fed, for hardware you know (None: measured). The drafts
         fed depend on it, and a pass of several tokens can change the logits' last bits (visible in
         bfloat16), so give one (or ``speculative=False``) where seeded runs must match across processes.
-    **sampling : any :class:`sampler.SamplingParams` field (temperature, top_p, seed, logprobs...)
-
-    Every keyword but ``jump_forward``, ``speculative`` and ``forward_cost`` sets a :class:`Request`
-    field (their defaults are its) or, for any other name, a sampling parameter: each prompt given as
-    a string or messages becomes ``Request(prompt, **those, sampling=the rest)``.
+    temperature, top_k, top_p, min_p, seed, logprobs : SamplingParams fields
+        Every :class:`~constrain.sampler.SamplingParams` field (:class:`SamplingOptions`: the penalties,
+        ``logit_bias`` and ``logprobs_mode`` too), with its defaults and ranges.
 
     Returns
     -------
@@ -318,25 +407,18 @@ def generate(
     ValueError, ConstraintError
         Bad arguments or constraints, before any token is generated.
     """
+    specs, decoding, single = _requests("generate", prompt, dict(options), REQUEST_OPTIONS)
     handle = model_handle(model)
-    specs, single = _requests(prompt, options, REQUEST_OPTIONS)
     plans = [_plan(handle, spec) for spec in specs]  # every error surfaces before any forward
     expanded = [plan for plan in plans if not isinstance(plan, BeamSearch)]
-    _run(handle, [r for group in expanded for r in group], jump_forward=jump_forward, speculative=speculative,
-         forward_cost=forward_cost)  # fmt: skip
+    _run(handle, [r for group in expanded for r in group], **decoding)
     results = [p.run() if isinstance(p, BeamSearch) else [r.result() for r in p] for p in plans]  # searches one by one
     flat = [group if spec.n > 1 else group[0] for group, spec in zip(results, specs, strict=True)]
     return flat[0] if single else flat
 
 
 def stream(
-    model: Any,
-    prompt: Prompt,
-    *,
-    jump_forward: bool = True,
-    speculative: bool | Proposer = True,
-    forward_cost: ForwardCost | None = None,
-    **options: Any,
+    model: Any, prompt: Prompt | Request, **options: Unpack[StreamOptions]
 ) -> Iterator[StreamEvent | GenerationResult]:
     """Like :func:`generate` for one prompt, yielding :class:`StreamEvent` s as text is produced and
     the :class:`GenerationResult` last. Deltas concatenate exactly to the final text; text that
@@ -346,32 +428,39 @@ def stream(
 
     Takes the keyword arguments of :func:`generate` but ``n``, ``num_beams`` and ``length_penalty``
     (:data:`STREAM_OPTIONS`). Arguments are checked at the first ``next()``, like the rest of the body."""
-    handle = model_handle(model)
-    specs, single = _requests(prompt, options, STREAM_OPTIONS)
+    for name in ("n", "num_beams", "length_penalty"):
+        if name in options:
+            raise (BeamSearchError(name, "stream() does not run beam search: use generate()") if name != "n" else
+                   ValueError("stream() takes one prompt and n=1: use generate() for a batch"))  # fmt: skip
+    specs, decoding, single = _requests("stream", prompt, dict(options), STREAM_OPTIONS)
     if not single or specs[0].n != 1:
         raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
-    if "num_beams" in options or specs[0].num_beams != 1:
+    if specs[0].num_beams != 1:
         raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
+    handle = model_handle(model)
     feed: Feed[StreamEvent] = Feed()
     requests = admit(handle, specs[0], on_event=lambda _, event: feed.put(event))
-    resolve_proposer(handle, speculative)  # a bad draft model raises here, not in the worker thread
+    resolve_proposer(handle, decoding.get("speculative", True))  # a bad draft model raises here, not in the worker
 
     def decode(cancelled: threading.Event) -> None:
-        _run(handle, requests, jump_forward=jump_forward, speculative=speculative, forward_cost=forward_cost,
-             cancelled=cancelled)  # fmt: skip
+        _run(handle, requests, cancelled=cancelled, **decoding)
 
     yield from feed.run(decode)
     yield requests[0].result()
 
 
-async def agenerate(model: Any, prompt: Prompt | Sequence[Prompt], **kwargs: Any) -> Any:
+async def agenerate(
+    model: Any, prompt: Prompt | Request | Sequence[Prompt | Request], **options: Unpack[GenerateOptions]
+) -> Any:
     """:func:`generate` on a worker thread, for async servers."""
-    return await asyncio.to_thread(generate, model, prompt, **kwargs)
+    return await asyncio.to_thread(functools.partial(generate, model, prompt, **options))
 
 
-async def astream(model: Any, prompt: Prompt, **kwargs: Any) -> AsyncIterator[StreamEvent | GenerationResult]:
+async def astream(
+    model: Any, prompt: Prompt | Request, **options: Unpack[StreamOptions]
+) -> AsyncIterator[StreamEvent | GenerationResult]:
     """:func:`stream` for async servers: events arrive as the worker thread produces them."""
-    iterator = stream(model, prompt, **kwargs)
+    iterator = stream(model, prompt, **options)
     sentinel = object()
     while True:
         item = await asyncio.to_thread(next, iterator, sentinel)
