@@ -357,7 +357,7 @@ def generate(
     model : ModelHandle, or anything ``load_model`` takes (None: the default model)
     prompt : a string, chat messages, or a list of those (one batch)
     schema, regex, grammar, choices, constraint : the constraint, default: None (free text)
-        A JSON schema (dict, pydantic model or type), a regex, a grammar (Lark / EBNF), a list of
+        A JSON schema (dict, pydantic model or type), a regex, a grammar (EBNF, xgrammar's dialect), a list of
         strings, or a value of ``constrain.json_schema/regex/grammar/choice``.
     max_tokens : int, default: 256
     stop, stop_regex : stop strings / regexes (cut from the text, with what follows)

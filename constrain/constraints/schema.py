@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from constrain.backends.xgrammar import check_regex
-from constrain.constraints.schema_refs import References, pointer_token
+from constrain.constraints.schema_refs import References, pointer_token, resolve_from_resources
 from constrain.constraints.schema_rewrites import (
     ANNOTATIONS,
     declare_required,
@@ -75,6 +75,10 @@ CHECKED = frozenset(
     }
 )  # fmt: skip
 """Keywords dropped from the grammar (a superset) and checked on the finished output."""
+
+OTHER_DRAFTS = {"dependencies": True, "dependentRequired": False, "dependentSchemas": False}
+"""Keywords of :data:`CHECKED` that one side of 2019-09 does not define: ignored where the value says the schema's
+draft is 2019-09 or later (``True``), or earlier (``False``), as the validator ignores them there."""
 
 ENGINE_FORMATS = frozenset(
     {
@@ -244,6 +248,8 @@ class _Preparer:
         elif key in ENFORCED:
             out[key] = value
             self.mark(pointer, key, "enforced")
+        elif key in OTHER_DRAFTS and (self.draft >= 2019) == OTHER_DRAFTS[key]:
+            self.mark(pointer, key, "ignored", f"not a keyword of the schema's draft ({self.draft})")
         elif key in CHECKED:
             self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
         elif key in ANNOTATIONS:
@@ -444,6 +450,7 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
     UnsupportedSchemaError
         Strict mode, and a keyword that can be neither enforced nor checked.
     """
+    schema = resolve_from_resources(schema)
     preparer = _Preparer(schema, lenient, closed)
     prepared = preparer.schema(schema, "")
     if prepared is False:

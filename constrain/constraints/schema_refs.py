@@ -7,6 +7,7 @@ the caller (:mod:`constrain.constraints.schema` refuses it, or approximates it w
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from urllib.parse import unquote
 from constrain.constraints.schema_rewrites import combine, merge_into
 from constrain.errors import SchemaError, UnsatisfiableSchemaError
 
-__all__ = ["References", "pointer_token", "resolve_local"]
+__all__ = ["References", "pointer_token", "resolve_from_resources", "resolve_local"]
 
 
 def resolve_local(root: Any, ref: str) -> Any:
@@ -42,6 +43,68 @@ def resolve_local(root: Any, ref: str) -> Any:
 def pointer_token(key: str | int) -> str:
     """``key`` as one RFC 6901 JSON pointer reference token: ``~`` becomes ``~0``, ``/`` becomes ``~1``."""
     return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def resolve_from_resources(root: Any) -> Any:
+    """``root`` with every local ``$ref`` inside a nested schema resource made absolute (a copy; ``root``
+    when there is none to rewrite).
+
+    A subschema whose ``$id`` has more than a fragment starts a resource of its own: inside it, ``#/a``
+    and ``#anchor`` name the resource's ``/a`` and anchor, not the root's. The rest of preparation
+    resolves references against the root, so each such reference becomes the root's pointer to its
+    target (``#`` + the resource's pointer + ``/a``); other references are left as written.
+    """
+
+    def rewrite(node: Any, path: str, resource: str | None) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v, f"{path}/{i}", resource) for i, v in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        own = node.get("$id")
+        if path and isinstance(own, str) and own.split("#")[0]:
+            resource = path
+        out = {}
+        for key, value in node.items():
+            if key in ("const", "enum", "default", "examples"):  # values, not schemas
+                out[key] = value
+            elif key == "$ref" and resource is not None and isinstance(value, str) and value.startswith("#"):
+                out[key] = _absolute(root, resource, value)
+            else:
+                out[key] = rewrite(value, f"{path}/{pointer_token(key)}", resource)
+        return out
+
+    return rewrite(root, "", None) if '"$id"' in json.dumps(root) else root
+
+
+def _absolute(root: Any, resource: str, ref: str) -> str:
+    """The reference ``ref`` (``#``, ``#/...`` or ``#anchor``) made inside the resource at ``resource``, as
+    the root's pointer; an anchor the resource does not define is left for preparation to report."""
+    if ref == "#" or ref.startswith("#/"):
+        return "#" + resource + ref[1:]
+    found = _anchor(resolve_local(root, "#" + resource), unquote(ref[1:]), resource)
+    return ref if found is None else "#" + found
+
+
+def _anchor(node: Any, name: str, path: str, depth: int = 0) -> str | None:
+    """The pointer (from ``path``, ``node``'s own) of the subschema under ``node`` with ``$anchor: name``."""
+    if isinstance(node, dict):
+        if node.get("$anchor") == name:
+            return path
+        inner = node.get("$id")
+        if depth and isinstance(inner, str) and inner.split("#")[0]:
+            return None  # a resource of its own: its anchors are its own
+        items: Any = (
+            (pointer_token(k), v) for k, v in node.items() if k not in ("const", "enum", "default", "examples")
+        )
+    elif isinstance(node, list):
+        items = ((str(i), v) for i, v in enumerate(node))
+    else:
+        return None
+    for key, value in items:
+        found = _anchor(value, name, f"{path}/{key}", depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 _SIMPLE_REF = re.compile(r"#/(\$defs|definitions)/[A-Za-z0-9_.-]+")

@@ -16,7 +16,6 @@ The APIs in this module serve testing and documentation and are prone to change.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from jsonschema_specifications import REGISTRY  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from constrain.backends.llguidance import UNKNOWN_FORMATS
+from constrain.caches import bounded
 from constrain.compiler.compiler import CompiledConstraint, compile
 from constrain.compiler.json_schema import AT_BOUNDARIES
 from constrain.constraints.constraint import Mode, json_schema
@@ -130,9 +130,9 @@ EXAMPLES: dict[str, Example] = {
     # core
     "$id": Example(
         {"$id": "https://example.com/age", "type": "integer"}, 1, has_invalid=False,
-        note="Names the schema; references are resolved within the document only: a `$ref` to an absolute "
-        "URI is refused, and a `#/...` reference below a nested `$id` is resolved against the document's "
-        "root, not against that `$id` (so a schema that relies on a nested `$id` gets the wrong subschema).",
+        note="Names the schema; references are resolved within the document only: a `$ref` to another "
+        "document is refused, and a `#/...` or `#anchor` reference below a nested `$id` is resolved "
+        "within that `$id`'s subschema, as the specification says.",
     ),
     "$schema": Example(
         {"$schema": _DIALECT, "type": "integer"}, 1, has_invalid=False,
@@ -275,7 +275,7 @@ class FormatRow:
     note: str = ""
 
 
-@functools.cache
+@bounded("testing.guarantees.tokenizer", maxsize=1)
 def tokenizer() -> Any:
     """The tokenizer the examples compile with (:data:`TOKENIZER`), loaded once."""
     return load_tokenizer(TOKENIZER)
