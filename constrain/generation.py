@@ -52,9 +52,9 @@ __all__ = [
     "StreamOptions",
     "admit",
     "admit_beam_search",
-    "check_options",
     "agenerate",
     "astream",
+    "check_options",
     "generate",
     "prompt_ids",
     "resolve_constraint",
@@ -387,12 +387,15 @@ def generate(
         (:class:`NgramProposer`, pays off when the output copies the prompt); a
         :class:`DraftModelProposer` drafts with a small model of the same vocabulary; ``False``
         drafts nothing. Same verification, same tokens. Each step feeds only the drafts expected to
-        pay for the wider pass, from each request's acceptance so far and the model's forward cost
-        (measured on first use, about half a second on a CPU: :func:`constrain.models.cost.forward_cost`).
+        pay for the wider pass, from each proposal's prior, the request's acceptance so far and the
+        model's forward cost (measured once per machine, about a second on a CPU, and saved:
+        :func:`constrain.models.cost.forward_cost`); one draft at a time until drafts have paid, and none
+        for a while after drafts that were all rejected.
     forward_cost : ForwardCost or None, default: None
-        The model's forward cost by tokens fed, for hardware you know (None: measured). The drafts
-        fed depend on it, and a pass of several tokens can change the logits' last bits (visible in
-        bfloat16), so give one (or ``speculative=False``) where seeded runs must match across processes.
+        The model's forward cost by tokens fed, for hardware you know (None: the saved or measured one).
+        The drafts fed depend on it, and a pass of several tokens can change the logits' last bits
+        (visible in bfloat16): processes on one machine read the same saved cost; give one (or
+        ``speculative=False``) where seeded runs must match across machines.
     temperature, top_k, top_p, min_p, seed, logprobs : SamplingParams fields
         Every :class:`~constrain.sampler.SamplingParams` field (:class:`SamplingOptions`: the penalties,
         ``logit_bias`` and ``logprobs_mode`` too), with its defaults and ranges.

@@ -38,7 +38,7 @@ def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
             "import cycle: constrain.match -> constrain.match.a",
         ),
         (  # an upward import, even under TYPE_CHECKING
-            {"match/__init__.py": "", "compile/__init__.py": "", "compile/c.py": "X = 1\n",
+            {"match/__init__.py": "", "compiler/__init__.py": "", "compiler/c.py": "X = 1\n",
              "match/m.py": "import typing\nif typing.TYPE_CHECKING:\n    from constrain.compiler.c import X\n"},
             "constrain.match.m:3: imports constrain.compiler.c, a layer above it (compiler > match)",
         ),
@@ -57,6 +57,6 @@ def test_a_clean_package_passes(tmp_path: pathlib.Path) -> None:
         "match/__init__.py": "from constrain.match.a import f\n",
         "match/a.py": "from constrain.errors import E\n",
         "errors.py": "class E(Exception): ...\n",
-        "compile/__init__.py": "from constrain.match.a import f\n",
+        "compiler/__init__.py": "from constrain.match.a import f\n",
     }
     assert check_imports.problems(_package(tmp_path, files)) == []

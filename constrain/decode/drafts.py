@@ -9,10 +9,10 @@ the sampler drew it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from constrain.decode.request import InFlight
-from constrain.decode.speculative import DraftModelProposer, NgramProposer, Proposer
+from constrain.decode.speculative import DraftModelProposer, Drafts, NgramProposer, Proposer
 from constrain.models.loading import ModelHandle
 
 __all__ = ["MAX_DRAFT", "next_drafts", "resolve_proposer"]
@@ -23,25 +23,26 @@ MAX_DRAFT = 16
 
 def next_drafts(
     r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None, *, jump_forward: bool = True
-) -> tuple[list[int], bool]:
+) -> tuple[Drafts, bool]:
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
-    (with ``jump_forward``), else the ``proposer``'s guess (speculative decoding); pruned to what the grammar
-    accepts, to no token that ends the request, and to the tokens ``r`` may still write. Changes nothing
-    of ``r`` (the grammar's checks run on forks of its matcher)."""
+    (with ``jump_forward``), else the ``proposer``'s guess (speculative decoding, with the proposal's
+    prior where it gives one); pruned to what the grammar accepts, to no token that ends the request, and
+    to the tokens ``r`` may still write. Changes nothing of ``r`` (the grammar's checks run on forks of its
+    matcher)."""
     room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
     if r.finish_reason is not None or room <= 0 or r.thinks:
-        return [], False
+        return Drafts(), False
     forced = r.matcher.forced_text() if r.matcher is not None and jump_forward else ""
     if forced:
-        ids = encode(forced)[:room]
+        ids: Sequence[int] = encode(forced)[:room]
     elif proposer is not None:
         ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     else:
-        return [], False
-    return _feedable(r, ids), bool(forced)
+        return Drafts(), False
+    return Drafts(_feedable(r, ids), getattr(ids, "prior", None)), bool(forced)
 
 
-def _feedable(r: InFlight, ids: list[int]) -> list[int]:
+def _feedable(r: InFlight, ids: Sequence[int]) -> Sequence[int]:
     """The longest prefix of ``ids`` worth feeding after ``r``'s last token: each token accepted by the
     grammar, and none that ends the request (an EOS id, or a token that terminates the grammar, such as
     a tool grammar's end of turn), since nothing may follow it and its slot's mask would be asked of a

@@ -1,4 +1,4 @@
-"""What a forward pass costs, by the number of tokens it feeds: measured once per model, device and dtype.
+"""What a forward pass costs, by the number of tokens it feeds: measured once per model and machine, saved on disk.
 
 Speculative decoding pays only where a wider pass costs little more than a narrow one. A batch of
 ``b`` rows, each fed ``w`` tokens (the last token and its drafts, rows padded to the widest), feeds
@@ -13,21 +13,43 @@ from __future__ import annotations
 
 import bisect
 import copy
+import hashlib
 import inspect
 import itertools
+import json
+import os
+import platform
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from constrain.caches import register
+from constrain.models.loading import cache_dir
 
-__all__ = ["KNEE", "MEASURE_TOKENS", "ForwardCost", "cache_keyword", "forward_cost", "measure_forward_cost"]
+__all__ = [
+    "DRIFT",
+    "KNEE",
+    "MEASURE_TOKENS",
+    "ForwardCost",
+    "cache_keyword",
+    "forward_cost",
+    "measure_forward_cost",
+    "saved_cost_path",
+]
 
-MEASURE_TOKENS = (1, 4, 16, 64, 256, 1024)
-"""Tokens per timed forward pass, in order, until one costs :data:`KNEE` times a one-token pass."""
+MEASURE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 1024)
+"""Tokens per timed forward pass, in order, until one costs :data:`KNEE` times a one-token pass: dense where
+batches run (a batch of ``b`` rows one draft wide feeds ``2 b`` tokens), so that the curve is read where it
+was measured, not interpolated across a knee."""
+
+DRIFT = 2.0
+"""A saved cost is measured again when a one-token pass now takes this many times more or less than it says
+(another machine under the same name, a driver update): the fastest of five passes, so that a busy moment
+of a shared machine does not pass for a drift."""
 
 KNEE = 2.0
 """A measurement stops at the first pass that costs this many times a one-token pass: past it the
@@ -91,10 +113,13 @@ class ForwardCost:
         return self.seconds_for(batch * width) / self.seconds_for(batch)
 
 
-def measure_forward_cost(model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS, repeats: int = 2) -> ForwardCost:
+def measure_forward_cost(
+    model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS, repeats: int = 3, upto: int = 1
+) -> ForwardCost:
     """Time forward passes of ``model`` (a transformers causal LM, where its parameters live) feeding
     ``tokens[i]`` tokens after :data:`CONTEXT_TOKENS` in a throwaway KV cache. The first sweep stops
-    after the first size that costs :data:`KNEE` times the first, or at the model's context window;
+    after the first size that costs :data:`KNEE` times the first and reaches ``upto`` tokens (the widest
+    pass the caller will ask about), or at the model's context window;
     ``repeats`` sweeps in all, each size keeping its fastest pass (the others met a busy machine, and
     sweeping rather than repeating in place spreads a burst of load over sizes), made non-decreasing.
     Does not change the model."""
@@ -120,7 +145,7 @@ def measure_forward_cost(model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS
     with torch.inference_mode():
         context = model(input_ids=torch.zeros(1, CONTEXT_TOKENS, dtype=torch.long, device=device), use_cache=True)
         for n in tokens:
-            if n > room or (best and best[-1] >= KNEE * best[0]):
+            if n > room or (best and best[-1] >= KNEE * best[0] and sizes[-1] >= upto):
                 break
             sizes.append(n)
             best.append(timed(n))
@@ -134,12 +159,67 @@ _measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ForwardCost]] = 
 register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
 
-def forward_cost(model: Any) -> ForwardCost:
-    """``model``'s :class:`ForwardCost` where its parameters now live: measured on the first call
-    (:func:`measure_forward_cost`, under a second), then remembered for as long as the model lives."""
+def saved_cost_path(model: Any) -> Path:
+    """Where ``model``'s cost is saved: under :func:`~constrain.models.loading.cache_dir`, named by what the
+    cost depends on (the model's class and configuration, where its parameters live and their dtype, the
+    processor, torch's thread count and version), not by the weights' values."""
+    parameter = next(model.parameters())
+    device = parameter.device
+    processor = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    config = model.config.to_json_string() if hasattr(model, "config") else ""
+    what = [type(model).__qualname__, config, str(device), str(parameter.dtype), processor,
+            str(torch.get_num_threads()), torch.__version__]  # fmt: skip
+    return cache_dir() / "forward_cost" / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]}.json"
+
+
+def _cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def forward_cost(model: Any, *, upto: int = 1) -> ForwardCost:
+    """``model``'s :class:`ForwardCost` where its parameters now live, measured up to passes of ``upto``
+    tokens at least (where the context window allows), and the same in every process on this machine:
+    read from disk (:func:`saved_cost_path`) where a process measured it before, else measured
+    (:func:`measure_forward_cost`, about a second on a CPU) and saved; then remembered for as long as the
+    model lives. A saved cost whose one-token pass no longer matches this machine (:data:`DRIFT`), or that
+    stops short of ``upto`` tokens, is measured again. Since the drafts a batch feeds follow from this
+    cost, a cost read from disk makes them, and so seeded outputs, the same across processes (where a
+    wider pass changes the logits' last bits: bfloat16)."""
     parameter = next(model.parameters())
     key = (str(parameter.device), str(parameter.dtype))
     costs = _measured.setdefault(model, {})
-    if key not in costs:
-        costs[key] = measure_forward_cost(model)
+    if key not in costs or not _covers(costs[key], model, upto):
+        costs[key] = _saved_or_measured(model, upto)
     return costs[key]
+
+
+def _covers(cost: ForwardCost, model: Any, upto: int) -> bool:
+    """Whether ``cost`` was measured up to ``upto`` tokens, or as far as ``model``'s context window goes."""
+    room = int(getattr(model.config, "max_position_embeddings", 1 << 30)) - CONTEXT_TOKENS
+    return cost.tokens[-1] >= min(upto, room) or cost.tokens[-1] == max(n for n in MEASURE_TOKENS if n <= room)
+
+
+def _saved_or_measured(model: Any, upto: int) -> ForwardCost:
+    path = saved_cost_path(model)
+    try:
+        saved = json.loads(path.read_text())
+        cost = ForwardCost(tuple(saved["tokens"]), tuple(saved["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        cost = None
+    if cost is not None and _covers(cost, model, upto):
+        now = measure_forward_cost(model, tokens=(1,), repeats=5).seconds[0]
+        if 1 / DRIFT <= now / cost.seconds[0] <= DRIFT:
+            return cost
+    cost = measure_forward_cost(model, upto=max(upto, cost.tokens[-1] if cost is not None else 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"tokens": cost.tokens, "seconds": cost.seconds}))
+    tmp.replace(path)  # atomic: a process reading it meanwhile gets the old cost or the new one
+    return cost

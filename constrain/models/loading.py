@@ -287,7 +287,7 @@ def _convert_gguf(gguf: Path, folder: Path) -> Any:
 
 
 def load_model(
-    name_or_path: Any = None, *, dtype: Any = "auto", device: Any = "cpu", prepack: bool | None = None
+    name_or_path: Any = None, *, dtype: Any = "auto", device: Any = None, prepack: bool | None = None
 ) -> ModelHandle:
     """A model and its tokenizer: a packaged model's name (default SmolLM2-135M-Instruct), a ``.gguf``
     file, a local Hugging Face model folder, or a ``(model, tokenizer)`` pair.
@@ -300,22 +300,27 @@ def load_model(
     ----------
     dtype : torch dtype or "auto", default: "auto" (:func:`default_dtype` of ``device``); a
         ``(model, tokenizer)`` pair keeps its own dtype unless one is given
-    device : torch device or str, default: "cpu"
+    device : torch device or str, default: None ("cpu"; a given pair's model stays where it is)
     prepack : bool or None, default: None (where bfloat16 weights meet a CPU that multiplies
-        bfloat16 natively); run the linear layers with their weights packed once for oneDNN
-        (:func:`prepack_linears`: a decode step about 30% faster, the linear weights' memory twice)
+        bfloat16 natively; never for a given pair); run the linear layers with their weights packed once
+        for oneDNN (:func:`prepack_linears`: a decode step about 30% faster, the linear weights' memory twice)
+
+    A ``(model, tokenizer)`` pair's model is never changed: it is used as it is when it is in eval mode,
+    on ``device``, of ``dtype`` (when given) and no prepacking is asked; otherwise constrain runs a copy
+    made so (``copy.deepcopy``: the model's memory once more), and the caller's model keeps its mode,
+    parameters and forwards.
     """
     from transformers import AutoModelForCausalLM
 
-    given = dtype
-    dtype = default_dtype(device) if dtype == "auto" else dtype
     if isinstance(name_or_path, tuple):
         if len(name_or_path) != 2:
             raise ValueError("pass a (model, tokenizer) pair")
         model, tokenizer = name_or_path
-        model = model if given == "auto" else model.to(dtype)
-        name = type(model).__name__
-    elif name_or_path is not None and Path(str(name_or_path)).is_dir():
+        model = _ready(model, None if dtype == "auto" else dtype, device, bool(prepack))
+        return ModelHandle(model, tokenizer, type(model).__name__, end_token_ids(model, tokenizer))
+    device = "cpu" if device is None else device
+    dtype = default_dtype(device) if dtype == "auto" else dtype
+    if name_or_path is not None and Path(str(name_or_path)).is_dir():
         folder = Path(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
         tokenizer = load_tokenizer(str(folder))
@@ -336,6 +341,29 @@ def load_model(
     if _prepacks(model, device) if prepack is None else prepack:
         prepack_linears(model)
     return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))
+
+
+def _ready(model: Any, dtype: Any, device: Any, prepack: bool) -> Any:
+    """The model a handle of a given ``(model, tokenizer)`` pair runs: ``model`` itself where it is ready as
+    it is (in eval mode, on ``device``, of ``dtype`` when one is given, no prepacking asked), else a copy
+    made ready, so that the caller's model is never changed (its mode, parameters and modules' forwards)."""
+    import copy
+
+    import torch
+
+    params = next(model.parameters(), None)
+    device = params.device if device is None and params is not None else device
+    moves = params is not None and (
+        params.device != torch.device(device) or (dtype is not None and params.dtype != dtype)
+    )
+    if not (model.training or moves or prepack):
+        return model
+    model = copy.deepcopy(model).to(device).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    if prepack:
+        prepack_linears(model)
+    return model
 
 
 def model_handle(model: Any, **options: Any) -> ModelHandle:

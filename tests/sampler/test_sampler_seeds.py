@@ -107,3 +107,21 @@ def test_output_lengths_place_seeded_rows_as_output_ids_do(device):
         tokens(output_token_ids=ids, output_lengths=[3, 0, 11])
     with pytest.raises(ValueError, match="rows for a batch"):
         tokens(output_lengths=[3, 0])
+
+
+def test_unseeded_rows_leave_torchs_global_random_state_alone():
+    """Rows without a seed draw their keys from the OS's entropy: the caller's ``torch.manual_seed`` neither
+    fixes them nor is advanced by them (sample() and the rejection sampler alike)."""
+    from constrain.sampler import rejection_sample
+
+    logits = torch.zeros(64, VOCAB)  # [64, V]: uniform, so every draw is a fresh key's
+    drafts = torch.zeros(4, 2, dtype=torch.int64)  # [B, K]
+    target = torch.full((4, 3, VOCAB), 1.0 / VOCAB)  # [B, K + 1, V]
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    first = sample(logits, SamplingParams()).token_ids.tolist()
+    rejection_sample(drafts, torch.full((4,), 2), None, target)
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(5)
+    again = sample(logits, SamplingParams()).token_ids.tolist()
+    assert first != again  # 64 uniform draws over 5,000 tokens: equal with probability 5000**-64

@@ -219,6 +219,71 @@ def test_acceptance_follows_the_drafts_kept():
         NgramProposer(acceptance_prior=2.0)
 
 
+def test_acceptance_probes_with_one_draft_and_backs_off_after_rejections():
+    a = Acceptance(prior=0.5)
+    assert a.limit == 1  # no evidence: one draft at most
+    a.observe(fed=1, accepted=1)
+    assert a.limit == 1
+    a.observe(fed=1, accepted=1)
+    assert a.limit is None  # two passes with drafts: as many as pay
+    waits = []
+    for _ in range(6):  # passes whose drafts are all rejected: wait 1, 2, 4, 8, 16, 16 steps
+        a.observe(fed=2, accepted=0)
+        waits.append(a.wait)
+        while a.limit == 0:
+            a.observe(fed=0, accepted=0)
+    assert waits == [1, 2, 4, 8, 16, 16]
+    a.observe(fed=2, accepted=1)  # a draft kept: no more waiting
+    assert a.wait == 0 and a.limit is None and a.misses == 0
+    assert a.estimate(0.1) < a.rate < a.estimate(0.9)  # a proposal's own prior, weighed with the evidence
+
+
+def test_ngram_drafts_carry_a_prior_by_the_length_of_their_match():
+    from constrain.decode.speculative import NGRAM_PRIORS, ngram_proposal
+
+    assert (
+        ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2) == [8, 5]
+        and ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2).prior == NGRAM_PRIORS[2]
+    )
+    assert ngram_proposal([1, 2, 9, 4, 2], 3).prior == NGRAM_PRIORS[0]  # only "2" was seen before
+    assert ngram_proposal([1, 2, 3], 3) == [] and ngram_proposal([1, 2, 3], 3).prior is None
+
+
+def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, monkeypatch, tmp_path):
+    """A later process reads the cost from disk (checking its one-token pass only), so its drafts, and
+    seeded outputs, are the same; a cost that no longer matches the machine, or stops short of the batch's
+    passes, is measured again. On a clock that each pass advances by ``speed`` x its tokens x 1 ms."""
+    from constrain.models import cost
+
+    monkeypatch.setenv("CONSTRAIN_CACHE", str(tmp_path))
+    handle = _random_model(smol_tokenizer, seed=3)
+    now, speed, passes = [0.0], [1.0], []
+    original = handle.model.forward
+
+    def timed(*args, **kwargs):
+        if "position_ids" in kwargs:  # a timed pass (the context's comes first, untimed)
+            passes.append(kwargs["input_ids"].shape[1])
+            now[0] += speed[0] * (1 + kwargs["input_ids"].shape[1]) * 1e-3
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(handle.model, "forward", timed)
+    monkeypatch.setattr(cost, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    first = forward_cost(handle.model)
+    assert cost.saved_cost_path(handle.model).is_file() and first.tokens[-1] >= 2
+    cost._measured.clear()  # as in a new process
+    passes.clear()
+    assert forward_cost(handle.model) == first and passes == [1] * 5  # the drift check: five one-token passes
+    cost._measured.clear()
+    speed[0] = 3.0  # another machine under the same name
+    slower = forward_cost(handle.model)
+    assert slower.seconds[0] == pytest.approx(3 * first.seconds[0])
+    passes.clear()
+    wide = forward_cost(handle.model, upto=4 * first.tokens[-1])  # a batch whose passes go past the table
+    assert wide.tokens[-1] >= 4 * first.tokens[-1] and max(passes) >= 4 * first.tokens[-1]
+    cost._measured.clear()
+    assert forward_cost(handle.model, upto=4 * first.tokens[-1]) == wide  # saved as extended
+
+
 def test_forward_cost_table():
     cost = ForwardCost(tokens=(1, 5), seconds=(1.0, 2.0))
     assert cost.seconds_for(3) == 1.5 and cost.seconds_for(9) == 3.0  # between the points, and past the last
@@ -268,7 +333,7 @@ def test_forward_cost_keeps_the_fastest_pass_up_to_the_knee(smol_tokenizer, monk
 
     monkeypatch.setattr(handle.model, "forward", timed)
     monkeypatch.setattr(cost, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    measured = measure_forward_cost(handle.model)
+    measured = measure_forward_cost(handle.model, tokens=(1, 4, 16, 64, 256), repeats=2)
     assert measured.tokens == expected[0]
     assert measured.seconds == pytest.approx(expected[1])
 

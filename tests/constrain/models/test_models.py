@@ -85,13 +85,38 @@ def test_prepacked_linears_follow_their_weights():
     assert packed.lm_head.weight.grad is not None
 
 
-def test_load_model_prepacks_bfloat16_on_a_native_cpu(smol_tokenizer):
-    native = default_dtype("cpu") == torch.bfloat16
-    handle = constrain.load_model((_tiny_llama(torch.bfloat16), smol_tokenizer))
-    assert isinstance(handle.model.lm_head.forward, PrepackedLinear) == native
-    handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer))
-    assert not isinstance(handle.model.lm_head.forward, PrepackedLinear)
-    handle = constrain.load_model((_tiny_llama(torch.float32), smol_tokenizer), prepack=True)
+def test_a_given_model_is_prepacked_only_when_asked_and_then_a_copy(smol_tokenizer):
+    mine = _tiny_llama(torch.bfloat16)
+    handle = constrain.load_model((mine, smol_tokenizer))
+    assert handle.model is mine and not isinstance(mine.lm_head.forward, PrepackedLinear)
+    handle = constrain.load_model((mine, smol_tokenizer), prepack=True)
+    assert isinstance(handle.model.lm_head.forward, PrepackedLinear)
+    assert handle.model is not mine and not isinstance(mine.lm_head.forward, PrepackedLinear)
+
+
+def test_a_given_model_comes_back_as_it_went_in(smol_tokenizer):
+    """Training mode, another dtype, prepacking: constrain runs a copy; the caller's model keeps its mode,
+    parameters and modules' forwards (a model already ready is used as it is, without a copy)."""
+    mine = _tiny_llama(torch.float32).train()
+    before = {name: p.clone() for name, p in mine.state_dict().items()}
+    forwards = {name: m.forward for name, m in mine.named_modules()}
+    handle = constrain.load_model((mine, smol_tokenizer), dtype=torch.bfloat16, prepack=True)
+    constrain.generate(handle, "a", max_tokens=3, temperature=0)
+    assert not handle.model.training and handle.model.dtype == torch.bfloat16
+    assert mine.training and all(m.training for m in mine.modules())
+    assert all(torch.equal(p, before[name]) and p.dtype == torch.float32 for name, p in mine.state_dict().items())
+    assert {name: m.forward for name, m in mine.named_modules()} == forwards
+    ready = _tiny_llama(torch.float32)
+    assert constrain.load_model((ready, smol_tokenizer)).model is ready
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(default_dtype("cpu") != torch.bfloat16, reason="this CPU does not multiply bfloat16 natively")
+def test_load_model_prepacks_a_packaged_model_in_bfloat16_on_a_native_cpu():
+    try:
+        handle = constrain.load_model(dtype=torch.bfloat16)
+    except ModelNotFoundError as err:
+        pytest.skip(f"the default model's package is not installed: {err}")
     assert isinstance(handle.model.lm_head.forward, PrepackedLinear)
 
 
