@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-vllm lint docs wheel chaos bench maskbench overhead coverage conformance differential termination e2e serve
+.PHONY: demo test test-vllm lint docs wheel chaos bench maskbench overhead coverage conformance differential termination e2e serve plots
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,9 @@ maskbench: $(VENV)/.installed
 
 overhead: $(VENV)/.installed
 	$(PY) bench/overhead.py
+
+plots: $(VENV)/.installed
+	$(PY) bench/plots.py
 
 coverage: $(VENV)/.installed
 	$(PY) bench/coverage.py --sample 100

@@ -49,7 +49,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict  # noqa: E402
 
 import constrain  # noqa: E402
 from bench import peers  # noqa: E402
-from bench.machine import machine_line  # noqa: E402
+from bench.machine import machine_info, machine_line  # noqa: E402
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -670,6 +670,29 @@ def render(bench: Bench, panels: Panels, notes: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_json(path: Path, bench: Bench, panels: Panels, repeats: int, seconds: float) -> None:
+    """The machine, the versions and every cell (with its tokens/s and s per valid object) as JSON."""
+    packages = ("torch", "transformers", "xgrammar", "llguidance", "outlines")
+    report = {
+        "benchmark": "e2e",
+        "machine": machine_info(),
+        "model": bench.handle.name,
+        "dtype": str(bench.handle.model.dtype),
+        "versions": {p: _version(p) for p in packages},
+        "settings": {"repeats": repeats, "items": len(bench.items), "run_s": seconds},
+        "panels": [
+            {
+                "decoding": decoding,
+                "batch": batch,
+                "cells": [{**asdict(c), "rate": c.rate, "per_valid": c.per_valid} for c in cells],
+            }
+            for (decoding, batch), cells in panels.items()
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (medians)")
@@ -681,6 +704,7 @@ def main() -> None:
     )
     parser.add_argument("--systems", help=f"comma-separated keys: {known} (default: all)")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/results, or bench/results/quick)")
+    parser.add_argument("--json", type=Path, help="also write the machine and every cell here (for bench/plots.py)")
     args = parser.parse_args()
     print(machine_line())
     from transformers.utils import logging as hf_logging
@@ -730,6 +754,8 @@ def main() -> None:
     if not MASKBENCH.is_file():
         notes += f" No function-call workload: {MASKBENCH} was not found."
     report = render(bench, panels, notes)
+    if args.json:
+        write_json(args.json, bench, panels, repeats, time.perf_counter() - began)
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.md").write_text(report)
     plot(panels, lambda _, cell: cell.rate, "tokens/s", out / "tokens_per_s.png")

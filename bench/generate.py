@@ -11,11 +11,11 @@ checks + detokenizer) in ms per forward pass.
 
 Then speculation itself, at batch 1 and 8, greedy and sampled (temperature 0.7, the rows seeded
 0..7), on three workloads: a quote extracted verbatim (the output copies the prompt: prompt lookup
-drafts it), a story (free text, 64 tokens: drafts mostly rejected) and the JSON extraction above. Off, adaptive (the default:
-the drafts that pay, by the measured forward cost and each request's acceptance) and every draft
-fed (the policy before the cost model), with tokens/s and forward passes; each ratio to off is the
-median of the repeats' own ratios (a repeat's configuration against that repeat's off), with their
-range. ``--speculation`` runs only that table.
+drafts it), a story (free text, 64 tokens: drafts mostly rejected) and the JSON extraction above.
+Off, adaptive (the default: the drafts that pay, by each proposal's prior, each request's acceptance
+and the measured forward cost) and every draft fed (the policy before the cost model), with tokens/s
+and forward passes; each ratio to off is the median of the repeats' own ratios (a repeat's
+configuration against that repeat's off), with their range. ``--speculation`` runs only that table.
 
 Usage: ``python bench/generate.py [--repeats 5] [--speculation]``
 """

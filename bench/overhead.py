@@ -140,16 +140,17 @@ def main() -> None:
             print(f"| {run} | {batch} | {steps} | {split} | {step:.2f} | {added:+.1%} |", flush=True)
             rows.append({"run": run, "batch": batch, "steps": steps, "stages_ms": per, "step_ms": step,
                          "added_share": added})  # fmt: skip
+        if args.json:  # after every batch size: a run stopped early keeps what it measured
+            report = {
+                "benchmark": "overhead",
+                "machine": machine_info(),
+                "model": handle.name,
+                "settings": {"repeats": args.repeats, "tokens": args.tokens, "batches": args.batches, "greedy": True},
+                "rows": rows,
+            }
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=1))
     if args.json:
-        report = {
-            "benchmark": "overhead",
-            "machine": machine_info(),
-            "model": handle.name,
-            "settings": {"repeats": args.repeats, "tokens": args.tokens, "batches": args.batches, "greedy": True},
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")
 
 

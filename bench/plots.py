@@ -10,7 +10,9 @@ figures were measured on and the date. A result that is missing is skipped with 
 - ``sampler.json`` (``bench/sampler.py --json``): ``sampler.png`` (µs per step beside transformers'
   logits-processor chain) and ``sampler_bitmask.png`` (applying a token bitmask, beside xgrammar's);
 - ``overhead.json`` (``bench/overhead.py --json``): ``overhead.png`` (what the mask adds to a decode step
-  at each batch size).
+  at each batch size);
+- ``e2e.json`` (``bench/e2e.py --json``): ``e2e_<decoding>_b<batch>.png`` (tokens/s, valid outputs and
+  s per valid object per workload, constrain beside transformers + xgrammar / llguidance and Outlines).
 
 Usage: ``python bench/plots.py [--results bench/results] [--out docs/assets/perf]`` (``make plots``).
 """
@@ -176,7 +178,7 @@ def plot_maskbench(report: Report, out: Path) -> list[Path]:
     for y, value, engine in zip(ys, passing, engines, strict=True):
         count = summary[engine]["statuses"]["passing"]
         left.text(value + 1, y, f"{value:.1f}% ({count})", va="center", fontsize=8)
-    left.set_xlim(0, 118)
+    left.set_xlim(0, 128)
     left.set_yticks(ys, flat, fontsize=8)
     left.set_xlabel("schemas passing (%)\nno valid instance refused, no invalid one accepted", fontsize=9)
     right.barh(ys, accepted, color=[color(e) for e in engines])
@@ -210,29 +212,25 @@ def plot_sampler(report: Report, out: Path) -> list[Path]:
     """µs per step against the batch size, one panel per vocabulary; bitmask application as bars."""
     rows = report["pipeline"]
     vocabs = sorted({r["vocab"] for r in rows})
-    fig, axes = plt.subplots(1, len(vocabs), figsize=(11, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(11, 5.4), sharey=True)
     for ax, vocab in zip(axes, vocabs, strict=True):
         these = sorted((r for r in rows if r["vocab"] == vocab), key=lambda r: r["batch"])
         batches = [r["batch"] for r in these]
         for key, (label, shade, style) in SAMPLER_SYSTEMS.items():
             ax.plot(batches, [r["us"][key] for r in these], style, marker="o", color=shade, label=label)
         last = these[-1]["us"]
-        ax.annotate(
-            f"{last['hf rows'] / last['sampler']:.0f}x faster than\ntransformers row by row",
-            (batches[-1], last["sampler"]),
-            xytext=(-10, -28),
-            textcoords="offset points",
-            ha="right",
-            fontsize=8,
-            color=COLORS["constrain"],
-        )
         ax.set_xscale("log", base=2)
         ax.set_xticks(batches, [str(b) for b in batches])
         log_axis(ax, "µs")
         ax.set_xlabel("batch (rows)")
-        ax.set_title(f"vocabulary {vocab:,}", fontsize=9)
+        ratio = last["hf rows"] / last["sampler"]
+        ax.set_title(
+            f"vocabulary {vocab:,}; at batch {batches[-1]}: {ratio:.0f}x faster than transformers row by row",
+            fontsize=9,
+        )
     axes[0].set_ylabel("per sampling step (median)")
-    axes[0].legend(fontsize=7, loc="upper left")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncols=3, fontsize=8, frameon=False)
     quick = ", --quick" if report["settings"].get("quick") else ""
     fig.suptitle(
         f"Sampling step: penalties, temperature, top-k, top-p, min-p and the draw (bench/sampler.py{quick})\n"
@@ -240,7 +238,7 @@ def plot_sampler(report: Report, out: Path) -> list[Path]:
         f"{report['machine'].get('threads')} thread(s)",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend below the panels
     path = out / "sampler.png"
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -261,7 +259,11 @@ def plot_sampler(report: Report, out: Path) -> list[Path]:
         ax.set_ylim(top=max(max(v) for v in series.values()) * 8)
         ax.set_ylabel("per call (median)")
         ax.legend(fontsize=8, loc="upper left")
-        ax.set_title(f"Applying a token bitmask to the logits (bench/sampler.py)\n{machine_label(report)}", fontsize=10)
+        threads = report["machine"].get("threads")
+        ax.set_title(
+            f"Applying a token bitmask to the logits (bench/sampler.py)\n{machine_label(report)}, {threads} thread(s)",
+            fontsize=10,
+        )
         fig.tight_layout()
         path = out / "sampler_bitmask.png"
         fig.savefig(path, dpi=DPI)
@@ -315,9 +317,10 @@ def plot_overhead(report: Report, out: Path) -> list[Path]:
     axes[0].set_ylabel("ms per decode step")
     axes[0].legend(fontsize=8, loc="upper left")
     settings = report["settings"]
+    repeats = f"medians of {settings['repeats']}" if settings["repeats"] > 1 else "one run each"
     fig.suptitle(
         f"What the constraint adds to a decode step ({report.get('model', 'default model')}, greedy, "
-        f"≤{settings['tokens']} tokens a row, medians of {settings['repeats']})\n"
+        f"≤{settings['tokens']} tokens a row, {repeats})\n"
         f"labels: the stages' ms and what they add over the unconstrained step's own; {machine_label(report)}",
         fontsize=10,
     )
@@ -328,7 +331,67 @@ def plot_overhead(report: Report, out: Path) -> list[Path]:
     return [path]
 
 
-PLOTS = {"maskbench": plot_maskbench, "sampler": plot_sampler, "overhead": plot_overhead}
+def system_color(name: str) -> str:
+    """The colour of an end-to-end system by its name (constrain, transformers, or the peer it runs)."""
+    for key in ("constrain", "xgrammar", "llguidance", "outlines"):
+        if key in name.lower():
+            return COLORS[key]
+    return COLORS["transformers"]
+
+
+def plot_e2e(report: Report, out: Path) -> list[Path]:
+    """Per decoding and batch: tokens/s per workload and system, valid outputs on each bar; s per valid object."""
+    written = []
+    for panel in report["panels"]:
+        cells = [c for c in panel["cells"] if not c["note"]]
+        workloads = list(dict.fromkeys(c["workload"] for c in cells))
+        systems = list(dict.fromkeys(c["system"] for c in cells))
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.2), sharex=True)
+        width = 0.84 / len(systems)
+        worst = max((c["per_valid"] for c in cells if c["per_valid"] != float("inf")), default=1.0)
+        for k, name in enumerate(systems):
+            offset = (k - (len(systems) - 1) / 2) * width
+            mine = {c["workload"]: c for c in cells if c["system"] == name}
+            xs = [workloads.index(w) + offset for w in mine]
+            hatch = "//" if "compact" in name else None
+            shade = system_color(name)
+            top.bar(xs, [c["rate"] for c in mine.values()], width, color=shade, hatch=hatch, label=name,
+                    edgecolor="white")  # fmt: skip
+            for x, c in zip(xs, mine.values(), strict=True):
+                label = "" if c["free"] else f"{c['valid']}/{c['rows']}"
+                top.annotate(label, (x, c["rate"]), ha="center", va="bottom", fontsize=7, rotation=90,
+                             xytext=(0, 2), textcoords="offset points")  # fmt: skip
+                finite = c["per_valid"] != float("inf")
+                bottom.bar(x, c["per_valid"] if finite else worst * 4, width, color=shade, hatch=hatch,
+                           edgecolor="white", alpha=1.0 if finite else 0.15)  # fmt: skip
+                if not finite:
+                    bottom.annotate("no valid\noutput", (x, worst * 4), ha="center", va="bottom", fontsize=6,
+                                    xytext=(0, 2), textcoords="offset points")  # fmt: skip
+        top.set_ylabel("tokens/s (higher is better)\nlabels: valid outputs")
+        top.grid(axis="y", alpha=0.3)
+        top.set_ylim(top=top.get_ylim()[1] * 1.15)
+        log_axis(bottom, "s")
+        bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} s"))
+        bottom.set_ylim(top=worst * 30)
+        bottom.set_ylabel("s per valid object\n(lower is better)")
+        bottom.set_xticks(range(len(workloads)), workloads)
+        fig.legend(*top.get_legend_handles_labels(), loc="lower center", ncols=4, fontsize=8, frameon=False)
+        settings = report["settings"]
+        runs = "one run" if settings["repeats"] == 1 else f"medians of {settings['repeats']}"
+        fig.suptitle(
+            f"End to end on {report['model']} ({report['dtype'].removeprefix('torch.')}): {panel['decoding']}, "
+            f"batch {panel['batch']}, {settings['items']} items, {runs} (bench/e2e.py)\n{machine_label(report)}",
+            fontsize=10,
+        )
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        path = out / f"e2e_{panel['decoding']}_b{panel['batch']}.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+PLOTS = {"maskbench": plot_maskbench, "sampler": plot_sampler, "overhead": plot_overhead, "e2e": plot_e2e}
 
 
 def main() -> None:

@@ -296,6 +296,11 @@ def load_model(
     loads take about a second. Nothing is downloaded; a packaged model that is not installed raises
     :class:`ModelNotFoundError` with the command that installs it.
 
+    A ``(model, tokenizer)`` pair's model is never changed: it is used as it is when it is in eval mode,
+    on ``device``, of ``dtype`` (when given) and no prepacking is asked; otherwise constrain runs a copy
+    made so (``copy.deepcopy``: the model's memory once more), and the caller's model keeps its mode,
+    parameters and forwards.
+
     Parameters
     ----------
     dtype : torch dtype or "auto", default: "auto" (:func:`default_dtype` of ``device``); a
@@ -305,10 +310,6 @@ def load_model(
         bfloat16 natively; never for a given pair); run the linear layers with their weights packed once
         for oneDNN (:func:`prepack_linears`: a decode step about 30% faster, the linear weights' memory twice)
 
-    A ``(model, tokenizer)`` pair's model is never changed: it is used as it is when it is in eval mode,
-    on ``device``, of ``dtype`` (when given) and no prepacking is asked; otherwise constrain runs a copy
-    made so (``copy.deepcopy``: the model's memory once more), and the caller's model keeps its mode,
-    parameters and forwards.
     """
     from transformers import AutoModelForCausalLM
 
