@@ -431,15 +431,17 @@ def stream(
 
     Takes the keyword arguments of :func:`generate` but ``n``, ``num_beams`` and ``length_penalty``
     (:data:`STREAM_OPTIONS`). Arguments are checked at the first ``next()``, like the rest of the body."""
-    for name in ("n", "num_beams", "length_penalty"):
+    one, no_beams = "stream() takes one prompt and n=1: use generate() for a batch", "use generate() for beam search"
+    if "n" in options:
+        raise ValueError(one)
+    for name in ("num_beams", "length_penalty"):
         if name in options:
-            raise (BeamSearchError(name, "stream() does not run beam search: use generate()") if name != "n" else
-                   ValueError("stream() takes one prompt and n=1: use generate() for a batch"))  # fmt: skip
+            raise BeamSearchError(name, no_beams)
     specs, decoding, single = _requests("stream", prompt, dict(options), STREAM_OPTIONS)
-    if not single or specs[0].n != 1:
-        raise ValueError("stream() takes one prompt and n=1: use generate() for a batch")
+    if not single or specs[0].n != 1:  # a list of prompts, or a Request of several completions
+        raise ValueError(one)
     if specs[0].num_beams != 1:
-        raise BeamSearchError("num_beams", "stream() does not run beam search: use generate()")
+        raise BeamSearchError("num_beams", no_beams)
     handle = model_handle(model)
     feed: Feed[StreamEvent] = Feed()
     requests = admit(handle, specs[0], on_event=lambda _, event: feed.put(event))

@@ -40,6 +40,7 @@ from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolE
 from constrain.generation import Request, admit, admit_beam_search
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
+from constrain.sampler.errors import SamplerError
 from constrain.serving.engine import Engine
 from constrain.serving.protocol import (
     ChatCompletionRequest,
@@ -58,7 +59,6 @@ from constrain.serving.protocol import (
 )
 from constrain.tools.calling import ToolCalling
 from constrain.tools.reply import assistant_reply
-from constrain.sampler.errors import SamplerError
 
 __all__ = ["create_app", "serve"]
 
@@ -85,6 +85,19 @@ async def _admit(build: Callable[[], T]) -> T:
         return await asyncio.to_thread(build)
     except (ConstraintError, SamplerError, ValueError) as err:
         raise _BadRequest from err
+
+
+def _drop_traceback(err: BaseException) -> None:
+    """Once ``err`` is logged: drop its traceback, and those of the exceptions it was raised in handling of.
+    A request's fault (:attr:`InFlight.fault <constrain.decode.request.InFlight.fault>`), raised again
+    here, gained this server's frames, whose locals hold the request: a cycle, left to the garbage
+    collector's seldom full passes, with everything the request holds."""
+    seen: set[int] = set()
+    found: BaseException | None = err
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        found.__traceback__ = None
+        found = found.__cause__ or found.__context__
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -128,6 +141,7 @@ class _Submission:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (base + k, event, scores))
 
     def _on_done(self, r: InFlight, result: GenerationResult | BaseException) -> None:  # on the engine thread
+        r.on_event = None  # (its last event is out; it held this submission, which holds the request: a cycle)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._index[id(r)], result, None))
 
     async def items(self, http: HttpRequest | None = None) -> AsyncIterator[tuple[int, Any, Any]]:
@@ -185,6 +199,7 @@ class _Route(APIRoute):
                 raise
             except Exception as err:
                 log.exception("request failed")
+                _drop_traceback(err)
                 return _error(500, f"internal error ({type(err).__name__}); the server logged it")
 
         return guarded
@@ -416,6 +431,7 @@ def _event_stream(submission: _Submission, chunks: AsyncGenerator[str, None]) ->
             yield "data: [DONE]\n\n"
         except Exception as err:
             log.exception("stream failed")
+            _drop_traceback(err)
             yield _sse({"error": {"message": f"internal error ({type(err).__name__})", "type": "server_error"}})
         finally:
             if submission.finished < len(submission.requests):

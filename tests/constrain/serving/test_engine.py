@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -132,6 +134,35 @@ def test_a_fault_in_one_request_of_eight_ends_it_alone(tiny):
         engine.submit(after, collect)
         assert collect.done.wait(60) and after[0].output_ids == alone[0]
     finally:
+        engine.close()
+
+
+def test_a_fault_keeps_no_frame_of_the_step_alive(tiny):
+    """The exception that ended a request holds none of the locals of the decode step it went through
+    (the step's logits, its rows: the request, whose ``fault`` it is): the request goes with its last
+    reference, without waiting for the garbage collector."""
+    from constrain.testing.faults import InjectedFault, inject
+
+    specs = [constrain.Request("Code:", regex=r"[a-z]{3}-\d{3}", sampling={"seed": k}) for k in range(4)]
+    engine = Engine(tiny, max_batch=4)
+    gc.disable()
+    try:
+        requests = [admit(tiny, spec)[0] for spec in specs]
+        inject(requests[1], "mask", tiny.vocab_size)  # the batched masking fails, then the row alone
+        collect = Collector(4)
+        engine.submit(requests, collect)
+        assert collect.done.wait(120) and engine.wait_idle(10)
+        fault = collect.results.pop(id(requests[1]))
+        assert isinstance(fault, InjectedFault) and isinstance(fault.__context__, InjectedFault)
+        assert fault.__traceback__ is not None  # kept, for the log
+        gone = weakref.ref(requests[1])
+        del requests, fault
+        collect = Collector(1)
+        engine.submit(admit(tiny, specs[0]), collect)  # (the engine thread's own locals move on to it)
+        assert collect.done.wait(60) and engine.wait_idle(10)
+        assert gone() is None
+    finally:
+        gc.enable()
         engine.close()
 
 

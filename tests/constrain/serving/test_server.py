@@ -7,10 +7,12 @@ still be valid); two serve the default model end to end.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import http.client
 import json
 import logging
 import socket
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -478,6 +480,35 @@ def test_a_fault_in_one_request_of_eight_is_its_500_alone(tiny, stage):
         after = _chat(s, "Number 0", max_tokens=24, seed=0, response_format=fmt)
         assert after.choices[0].message.content == replies[0].choices[0].message.content
     finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_ended_by_a_fault_goes_once_answered(tiny, stream, monkeypatch):
+    """Once its 500 (or error event) is sent, a request a fault ended is freed with its last reference:
+    the fault, raised again in the server's frames, does not keep them and the request in a cycle, nor
+    does a streamed request's ``on_event`` (which holds the HTTP call's submission, which holds it)."""
+    from constrain.testing.faults import by_user
+
+    inject, admitted = by_user(tiny.vocab_size), []
+
+    def faults(body, requests):
+        inject(body, requests)
+        admitted.append(weakref.ref(requests[0]))
+
+    s = Server(tiny, faults=faults, max_batch=4)
+    for name in ("constrain.serving.server", "constrain.decode.loop"):  # (pytest's log capture keeps every
+        monkeypatch.setattr(logging.getLogger(name), "disabled", True)  # record, with its traceback's frames)
+    gc.disable()
+    try:
+        fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}, "strict": True}}
+        with pytest.raises(openai.APIError, match="internal error"):
+            list(_chat(s, max_tokens=8, response_format=fmt, user="fault:advance", stream=stream))
+        _chat(s, max_tokens=4, seed=1)  # (the engine thread's locals move on to it)
+        assert s.app.state.engine.wait_idle(30)
+        assert admitted[0]() is None
+    finally:
+        gc.enable()
         s.stop()
 
 
