@@ -1,9 +1,17 @@
 """Sampler benchmark: µs per step, side by side in one run.
 
-Systems, each given the same fresh logits every step (copied in, untimed):
+Systems, each given the same fresh logits every step (copied in, untimed), interleaved rep by rep
+(so that a load drift on a shared machine hits them alike):
 
-- ``sampler``: ``Sampler()(logits, metadata)`` with prebuilt metadata (an engine
-  keeps it between steps); ``+build`` adds ``SamplingMetadata.build`` per step.
+- ``public``: the call :func:`constrain.generate` and the server make per step: a persistent
+  ``SamplingBatch`` is ``update``-d with the step's requests (each gained one output token since the
+  last step: the batch appends it to its histories), its ``metadata()`` is taken (fresh keys, views of
+  the histories) and ``Sampler()(logits, metadata)`` samples in place (the loop owns its logits).
+- ``sampler``: the inner ``Sampler()(logits, metadata)`` with prebuilt metadata; ``+build`` adds
+  ``SamplingMetadata.build`` from Python lists per step.
+- ``sample()``: the stateless ``sample(logits, params, prompt_token_ids=, output_token_ids=)`` (logits
+  left unchanged: it copies where the pipeline writes; builds its metadata and a fresh ``Sampler``);
+  ``sample(sampler=)`` passes a kept ``Sampler`` (warm scratch buffers).
 - ``row loop``: the per-request Python loop our design documents warn
   against: each row alone through bias, penalties, temperature, top-k, a
   sort-based top-p, min-p and ``torch.multinomial``.
@@ -18,8 +26,12 @@ Rows cycle through eight parameter sets (greedy, top-p without top-k, top-k +
 top-p, min-p, penalties, ...). Logits are ``randn * 3``; every row has a
 128-token prompt and a 64-token output for the penalties.
 
-Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick] [--json PATH]`` (``--json``: the machine and
-every table's µs, e.g. ``bench/results/sampler.json``, which ``bench/plots.py`` reads)
+``passes`` divides a system's time by one ``copy_`` of the ``[B, V]`` float32 logits into a warm buffer:
+the memory passes it costs, if it were bandwidth-bound.
+
+Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick] [--shapes 64x128256,...] [--json PATH]``
+(``--shapes``: only these ``BxV`` pipelines, and no bitmask table; ``--json``: the machine and every
+table's µs, e.g. ``bench/results/sampler.json``, which ``bench/plots.py`` reads)
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # This file shares its name with the package: import the package, not itself.
@@ -47,7 +60,14 @@ from transformers import (  # noqa: E402
 )
 
 from bench.machine import machine_info, machine_line  # noqa: E402
-from constrain.sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace  # noqa: E402
+from constrain.sampler import (  # noqa: E402
+    Sampler,
+    SamplingBatch,
+    SamplingMetadata,
+    SamplingParams,
+    apply_token_bitmask_inplace,
+    sample,
+)
 
 MIX = [
     SamplingParams(temperature=0.0),
@@ -84,6 +104,40 @@ def timed(fn: Callable[[], object], setup: Callable[[], object], reps: int, devi
         if i:  # the first run warms up
             times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times)
+
+
+@dataclass(eq=False)
+class Request:
+    """A request as the decode loop holds it: parameters and token histories (``output_ids`` grows)."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+def interleaved(
+    systems: dict[str, tuple[Callable[[], object], Callable[[], object], int]],
+    device: str,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
+    """Median µs of each system ``name: (fn, setup, reps)``, the systems run in turn rep by rep (after one
+    untimed warm-up each), each after its untimed ``setup``; ``clock``: wall (``perf_counter``) or this
+    thread's CPU time (``thread_time``: what a single-threaded system costs, however loaded the machine)."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for rep in range(1 + max(reps for _, _, reps in systems.values())):
+        for name, (fn, setup, reps) in systems.items():
+            if rep > reps:
+                continue
+            setup()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = clock()
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if rep:  # rep 0 warms up
+                times[name].append((clock() - start) * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def row_loop(
@@ -162,6 +216,7 @@ def bench_pipeline(
     mix: list[SamplingParams] = MIX,
     prompt_len: int = 128,
     output_len: int = 64,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     gen = torch.Generator().manual_seed(batch * vocab)
     source = (torch.randn(batch, vocab, generator=gen) * 3).to(device)
@@ -177,18 +232,49 @@ def bench_pipeline(
     sampler = Sampler()
     refill = lambda: work.copy_(source)
     chains = [hf_chain(p) for p in params]
-    out = {
-        "sampler": timed(lambda: sampler(work, metadata), refill, reps, device),
-        "+build": timed(lambda: sampler(work, build(params)), refill, reps, device),
-        "common": timed(lambda: sampler(work, common), refill, reps, device),
-        "greedy": timed(lambda: sampler(work, greedy), refill, reps, device),
-        "row loop": timed(lambda: row_loop(work, params, seen, outputs.to(device)), refill, slow_reps, device),
-        "hf rows": timed(lambda: hf_rows(work, chains, params, seen), refill, slow_reps, device),
-        "hf batch": timed(lambda: torch.multinomial(HF_BATCH(seen, work).softmax(-1), 1), refill, slow_reps, device),
-        "clone": timed(source.clone, lambda: None, reps, device),
-        "copy": timed(lambda: work.copy_(source), lambda: None, reps, device),
-    }
-    return out
+    # the public path: the decode loop's persistent batch; each step every request gained one token
+    requests = [Request(p, prompts[i].tolist(), outputs[i].tolist()) for i, p in enumerate(params)]
+    rows = SamplingBatch(vocab, device=device)
+    next_token = iter(torch.randint(0, vocab, (10_000, batch), generator=gen).tolist())
+
+    def step_taken() -> None:  # the previous step's tokens (the loop's requests take them), fresh logits
+        for r, token in zip(requests, next(next_token), strict=True):
+            r.output_ids.append(token)
+        work.copy_(source)
+
+    def public() -> object:
+        rows.update(requests)
+        return sampler(work, rows.metadata())
+
+    rows.update(requests)
+    kept = Sampler()  # sample()'s scratch buffers kept between calls
+    fast, slow = reps, slow_reps
+    return interleaved(
+        {
+            "public": (public, step_taken, fast),
+            "sampler": (lambda: sampler(work, metadata), refill, fast),
+            "+build": (lambda: sampler(work, build(params)), refill, fast),
+            "sample()": (
+                lambda: sample(source, params, prompt_token_ids=prompts, output_token_ids=outputs),
+                lambda: None,
+                fast,
+            ),
+            "sample(sampler=)": (
+                lambda: sample(source, params, prompt_token_ids=prompts, output_token_ids=outputs, sampler=kept),
+                lambda: None,
+                fast,
+            ),
+            "common": (lambda: sampler(work, common), refill, fast),
+            "greedy": (lambda: sampler(work, greedy), refill, fast),
+            "row loop": (lambda: row_loop(work, params, seen, outputs.to(device)), refill, slow),
+            "hf rows": (lambda: hf_rows(work, chains, params, seen), refill, slow),
+            "hf batch": (lambda: torch.multinomial(HF_BATCH(seen, work).softmax(-1), 1), refill, slow),
+            "clone": (source.clone, lambda: None, fast),
+            "copy": (lambda: work.copy_(source), lambda: None, fast),
+        },
+        device,
+        clock,
+    )
 
 
 def profile_issue_mix(device: str) -> None:
@@ -235,12 +321,20 @@ def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, f
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+COLUMNS = ("public", "sampler", "+build", "sample()", "sample(sampler=)", "common", "greedy")
+"""The fast systems, whose µs and passes the tables print (then the slow ones' µs)."""
+HEADER = (
+    "| B | V | " + " | ".join(COLUMNS) + " | row loop | hf rows | hf batch | clone | copy_ "
+    "| hf rows / public | hf batch / public | hf rows / sampler | " + " | ".join(f"{k} passes" for k in COLUMNS) + " |"
+)
+
+
 def _row(batch: int, vocab: int, r: dict[str, float]) -> str:
+    us = " | ".join(f"{r[k]:,.0f}" for k in (*COLUMNS, "row loop", "hf rows", "hf batch", "clone", "copy"))
+    passes = " | ".join(f"{r[k] / r['copy']:.1f}" for k in COLUMNS)
     return (
-        f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['+build']:,.0f} | {r['common']:,.0f} | {r['greedy']:,.0f} "
-        f"| {r['row loop']:,.0f} | {r['hf rows']:,.0f} | {r['hf batch']:,.0f} | {r['clone']:,.0f} | {r['copy']:,.0f} "
-        f"| {r['hf rows'] / r['sampler']:.1f}x | {r['hf batch'] / r['sampler']:.1f}x | {r['sampler'] / r['copy']:.1f} "
-        f"| {r['common'] / r['copy']:.1f} | {r['greedy'] / r['copy']:.1f} |"
+        f"| {batch} | {vocab:,} | {us} | {r['hf rows'] / r['public']:.1f}x | {r['hf batch'] / r['public']:.1f}x "
+        f"| {r['hf rows'] / r['sampler']:.1f}x | {passes} |"
     )
 
 
@@ -251,30 +345,45 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile the issue-16 mix op by op")
     parser.add_argument("--isa", choices=["avx2"], help="re-run with torch's and oneDNN's CPU kernels capped")
     parser.add_argument("--json", type=Path, default=None, help="also write the machine and every table's µs here")
+    parser.add_argument("--shapes", default=None, help="only these pipelines, e.g. 64x128256 (no bitmask table)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="time the pipelines by wall clock, or by this thread's CPU time (needs OMP_NUM_THREADS=1; "
+        "steadier on a shared machine, where other processes preempt a long step more than a short copy)",
+    )
     args = parser.parse_args()
     if args.isa and os.environ.get("ATEN_CPU_CAPABILITY") != args.isa:
         env = {**os.environ, "ATEN_CPU_CAPABILITY": args.isa, "ONEDNN_MAX_CPU_ISA": args.isa.upper()}
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     reps = 5 if args.quick else 20
+    clock = time.perf_counter
+    if args.clock == "cpu":
+        if args.device != "cpu" or torch.get_num_threads() != 1:
+            parser.error("--clock cpu counts the calling thread's CPU time: run on the CPU with OMP_NUM_THREADS=1")
+        clock = time.thread_time
     batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
     print(machine_line(args.device) + "\n")
-    print("Pipeline, µs per step (median); ratios are other / sampler; passes = sampler / copy_")
-    header = (
-        "| B | V | sampler | +build | common | greedy | row loop | hf rows | hf batch | clone | copy_ "
-        "| hf rows / sampler | hf batch / sampler | passes | common passes | greedy passes |"
+    print(
+        f"Pipeline, µs per step (median, {args.clock} clock, systems interleaved); ratios are other / public; "
+        "passes = system / copy_"
     )
+    header = HEADER
     print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
     pipeline: list[dict[str, object]] = []
     bitmasks: list[dict[str, object]] = []
-    for vocab in (49_152, 128_256):
-        for batch in batches:
-            slow = max(1, min(reps, 200 // batch))
-            r = bench_pipeline(batch, vocab, args.device, reps, slow)
-            pipeline.append({"batch": batch, "vocab": vocab, "us": r})
-            print(_row(batch, vocab, r), flush=True)
+    shapes = [(b, v) for v in (49_152, 128_256) for b in batches]
+    if args.shapes:
+        shapes = [(int(b), int(v)) for b, v in (shape.split("x") for shape in args.shapes.split(","))]
+    for batch, vocab in shapes:
+        slow = max(1, min(reps, 200 // batch))
+        r = bench_pipeline(batch, vocab, args.device, reps, slow, clock=clock)
+        pipeline.append({"batch": batch, "vocab": vocab, "us": r})
+        print(_row(batch, vocab, r), flush=True)
     print("\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)")
     print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
-    r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0)
+    r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0, clock=clock)
     print(_row(64, 128_256, r), flush=True)
     mix = {"batch": 64, "vocab": 128_256, "us": r}
     if args.profile:
@@ -282,7 +391,7 @@ def main() -> None:
     print("\nBitmask application, µs (median, systems interleaved)")
     print("| B | V | sampler | xgrammar | masked_fill_ (ready bool mask) |")
     print("|---|---|---|---|---|")
-    for batch, vocab in [(1, 49_152), (1, 128_256), (64, 128_256)]:
+    for batch, vocab in [] if args.shapes else [(1, 49_152), (1, 128_256), (64, 128_256)]:
         r = bench_bitmask(batch, vocab, args.device, reps * 50)
         bitmasks.append({"batch": batch, "vocab": vocab, "us": r})
         print(
@@ -293,7 +402,7 @@ def main() -> None:
         report = {
             "benchmark": "sampler",
             "machine": machine_info(args.device),
-            "settings": {"device": args.device, "quick": args.quick, "reps": reps},
+            "settings": {"device": args.device, "quick": args.quick, "reps": reps, "clock": args.clock},
             "pipeline": pipeline,
             "four_row_mix": mix,
             "bitmask": bitmasks,

@@ -1,5 +1,6 @@
 """``sampler``: the logits -> token pipeline (torch only; grammars reach it as a bitmask)."""
 
+from .batch import SamplingBatch, SamplingRequest
 from .beam_search import BeamSearchStep, beam_search_step
 from .errors import InvalidSamplingParamsError, SamplerError
 from .metadata import SamplingMetadata
@@ -16,8 +17,10 @@ __all__ = [
     "Sampler",
     "SamplerError",
     "SamplerOutput",
+    "SamplingBatch",
     "SamplingMetadata",
     "SamplingParams",
+    "SamplingRequest",
     "apply_token_bitmask_inplace",
     "beam_search_step",
     "rejection_sample",

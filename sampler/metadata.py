@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from .params import MAX_SEED, SamplingParams
-from .rng import row_keys
+from .rng import fresh_seeds, row_keys
 
-__all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata"]
+__all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata", "check_bitmask"]
 
 WINDOW_MAX_K = 128
 """Rows with ``top_k <= WINDOW_MAX_K`` are sampled inside their ``topk`` window.
@@ -99,7 +99,7 @@ class SamplingMetadata:
             Allowed tokens (xgrammar's layout) for ``c`` constrained rows.
         bitmask_rows : ``c`` row indices, default: None
             The batch row of each bitmask row; None means ``c == B`` and row i is row i.
-        generator : torch.Generator, default: None (torch's default CPU generator)
+        generator : torch.Generator, default: None (the OS's entropy: torch's global random state is untouched)
             Draws the per-step seeds of rows without a seed.
         draw : int, default: 0
             Which draw of this step: a row drawn again at the same position (its token refused by a
@@ -142,7 +142,7 @@ class SamplingMetadata:
             else:
                 full.append(i)
 
-        fresh = torch.randint(0, MAX_SEED, (batch,), generator=generator).tolist()
+        fresh = fresh_seeds(batch, MAX_SEED, generator)
         bias_rows, bias_ids, bias_vals = [], [], []
         for i, p in enumerate(params):
             for token_id, value in p.logit_bias.items():
@@ -173,7 +173,7 @@ class SamplingMetadata:
 
         rows_tensor = None
         if token_bitmask is not None:
-            token_bitmask, rows_tensor = _check_bitmask(token_bitmask, bitmask_rows, batch, vocab_size, device)
+            token_bitmask, rows_tensor = check_bitmask(token_bitmask, bitmask_rows, batch, vocab_size, device)
 
         wants = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
@@ -229,7 +229,7 @@ def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
     )
 
 
-def _check_bitmask(
+def check_bitmask(
     # [c, W] int32
     bitmask: torch.Tensor,
     rows: Sequence[int] | torch.Tensor | None,
@@ -237,6 +237,8 @@ def _check_bitmask(
     vocab_size: int,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``bitmask`` on ``device`` and its batch rows (``rows`` as an int64 tensor, None: row i is row i), checked
+    to fit a batch of ``batch`` rows and a vocabulary of ``vocab_size``; ``ValueError`` naming what does not."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2:
         raise ValueError(
             f"token_bitmask must be a 2-D int32 tensor [rows, ceil(V/32)], got {bitmask.dtype} {tuple(bitmask.shape)}"

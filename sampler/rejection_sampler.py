@@ -23,7 +23,7 @@ import torch
 
 from .ops.sampling import inverse_cdf_sample
 from .params import MAX_SEED
-from .rng import Stream, row_keys, uniform
+from .rng import Stream, fresh_seeds, row_keys, uniform
 
 __all__ = ["RejectionSamplerOutput", "rejection_sample"]
 
@@ -66,7 +66,7 @@ def rejection_sample(
         raise ValueError(f"draft_probs must be [B, K, V] = [{batch}, {k}, {vocab}], got {tuple(draft_probs.shape)}")
     greedy = torch.zeros(batch, dtype=torch.bool, device=device) if greedy is None else greedy.to(device)
     if seeds is None:
-        seeds = torch.randint(0, MAX_SEED, (batch,)).to(device)
+        seeds = torch.tensor(fresh_seeds(batch, MAX_SEED), dtype=torch.int64, device=device)
     counters = torch.zeros(batch, dtype=torch.int64, device=device) if counters is None else counters.to(device)
 
     positions = torch.arange(k, device=device)  # [K]

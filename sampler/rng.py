@@ -13,11 +13,12 @@ The hash (see :func:`_hash32`) is chained over the 32-bit words of the key.
 
 from __future__ import annotations
 
+import secrets
 from typing import TypeVar
 
 import torch
 
-__all__ = ["Stream", "row_keys", "uniform"]
+__all__ = ["Stream", "fresh_seeds", "row_keys", "uniform"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -35,6 +36,15 @@ class Stream:
     """Sampling of the recovered (or bonus) token in the rejection sampler."""
     REDRAW = 0x6C4F_0000
     """Draw ``d`` > 0 of a row at one position uses keys mixed with ``REDRAW + d`` (``row_keys``)."""
+
+
+def fresh_seeds(n: int, bound: int, generator: torch.Generator | None = None) -> list[int]:
+    """``n`` seeds in ``[0, bound)`` for rows that were given none: from ``generator`` when one is given, else
+    from the operating system's entropy, so that the caller's ``torch`` random state is neither read nor
+    advanced (``torch.manual_seed`` elsewhere does not fix them, and drawing them changes nothing there)."""
+    if generator is not None:
+        return list(torch.randint(0, bound, (n,), generator=generator).tolist())
+    return [secrets.randbelow(bound) for _ in range(n)]
 
 
 def _hash32(x: _Int) -> _Int:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .metadata import SamplingMetadata, TokenIds
-from .ops.bitmask import apply_token_bitmask_inplace
+from .ops.bitmask import apply_token_bitmask, apply_token_bitmask_inplace
 from .ops.blocks import block_argmax, block_max, block_topk
 from .ops.logprobs import gather_logprobs
 from .ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
@@ -73,7 +73,8 @@ class Sampler:
 
     The sampler keeps scratch buffers between calls (it is not thread-safe;
     use one per thread). A call may overwrite float32 ``logits`` (stages 2-4
-    in place, and the weights of steps 6-10 when no row asks for logprobs).
+    in place, and the weights of steps 6-10 when no row asks for logprobs),
+    unless it is given ``inplace=False``.
     """
 
     def __init__(self) -> None:
@@ -89,10 +90,32 @@ class Sampler:
 
     def __call__(
         self,
-        # [B, V] float32 / float16 / bfloat16; float32 input may be overwritten
+        # [B, V] float32 / float16 / bfloat16; float32 input may be overwritten (see ``inplace``)
         logits: torch.Tensor,
         metadata: SamplingMetadata,
+        *,
+        inplace: bool = True,
     ) -> SamplerOutput:
+        """Sample one token per row of ``logits`` with the rows' parameters in ``metadata``.
+
+        Parameters
+        ----------
+        logits : ``[B, V]`` float tensor
+            The model's next-token logits, one row per row of ``metadata``.
+        metadata : SamplingMetadata
+            The rows' parameters (:meth:`SamplingMetadata.build` or :meth:`SamplingBatch.metadata
+            <constrain.sampler.batch.SamplingBatch.metadata>`); not modified.
+        inplace : bool, default: True
+            Whether the call may write into float32 ``logits`` (a decode loop's own logits: no copy). With
+            False they are left unchanged: the first stage that writes works on a copy (fused with the
+            bitmask's add where every row has a bitmask row: no extra pass), and steps 6-10 write into
+            the sampler's scratch buffers. 16-bit logits are converted to a new tensor either way.
+
+        Raises
+        ------
+        ValueError
+            ``logits`` do not match the metadata's ``[B, V]`` or are not floating point.
+        """
         if logits.dim() != 2 or logits.shape[0] != metadata.batch_size or logits.shape[1] != metadata.vocab_size:
             raise ValueError(
                 f"logits have shape {tuple(logits.shape)}; the metadata was built for "
@@ -107,7 +130,7 @@ class Sampler:
         if md.raw_logprob_rows.numel():  # 11 (raw), read before anything changes the logits
             raw_logprobs = torch.log_softmax(logits[md.raw_logprob_rows].float(), dim=-1)  # [r, V]
 
-        logits = _process(logits, md)  # 1.-4.
+        logits, owned = _process(logits, md, inplace=inplace, buffer=self._buffer)  # 1.-4.; owned: may overwrite
 
         token_ids = torch.full((batch,), -1, dtype=torch.int64, device=device)  # [B]
         dead = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
@@ -127,7 +150,7 @@ class Sampler:
                 known = kth if kth is not None else torch.full((rows.numel(),), float("-inf"), device=device)
                 rows, kth = torch.cat([rows, tied_rows]), torch.cat([known, tied_kth])
         if rows.numel():  # 6.-10. for the rest
-            self._sample_full(logits, md, rows, kth, token_ids, dead)
+            self._sample_full(logits, md, rows, kth, token_ids, dead, owned)
         token_ids[dead] = -1
 
         logprobs = None
@@ -183,8 +206,9 @@ class Sampler:
         # [B] int64 / bool, written for ``rows``
         token_ids: torch.Tensor,
         dead: torch.Tensor,
+        owned: bool,
     ) -> None:
-        """Sample rows over the whole vocabulary, without sorting.
+        """Sample rows over the whole vocabulary, without sorting; ``owned``: ``logits`` may be overwritten.
 
         The weights are ``2 ** ((x - max) * log2(e) / T)``: a softmax without its normalising
         pass (``exp2`` vectorises on CPUs, where ``exp`` takes a slow path for ``-inf``). Min-p
@@ -198,7 +222,7 @@ class Sampler:
             rows, min_p = rows[order], min_p[order]
             kth = kth[order] if kth is not None else None
         f, vocab = rows.numel(), md.vocab_size
-        if kth is None and not n_min_p and f == logits.shape[0] and md.max_num_logprobs is None:
+        if owned and kth is None and not n_min_p and f == logits.shape[0] and md.max_num_logprobs is None:
             scaled = logits  # every row, in order, and nothing reads the logits later: in place
         else:
             scaled = self._buffer("scaled", f, vocab, logits.device)  # [f, V]
@@ -282,7 +306,7 @@ class Sampler:
         get all zeros. This is the target distribution for the rejection sampler.
         """
         md = metadata
-        logits = _process(logits, md)
+        logits, _ = _process(logits, md, inplace=True)
         sampled = torch.cat([md.window_rows, md.full_rows])
         probs = torch.zeros_like(logits)  # [B, V]
         if sampled.numel():
@@ -296,22 +320,36 @@ class Sampler:
 
 
 def _process(
-    # [B, V] float; float32 input is modified in place
+    # [B, V] float; float32 input is modified in place if ``inplace``
     logits: torch.Tensor,
     md: SamplingMetadata,
-) -> torch.Tensor:
-    """Stages 1-4: float32, bitmask, logit bias, penalties. Returns the float32 logits."""
+    *,
+    inplace: bool,
+    buffer: Callable[[str, int, int, torch.device], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, bool]:
+    """Stages 1-4: float32, bitmask, logit bias, penalties. Returns the float32 logits and whether the
+    caller may overwrite them (``inplace``, or they are a new tensor: converted, copied or masked).
+    ``buffer`` (:meth:`Sampler._buffer`) holds the copy that stages 3-4 need when not ``inplace``."""
+    owned = inplace or logits.dtype != torch.float32
     logits = logits.float()  # 1. a no-op for float32
     if not logits.is_contiguous():  # e.g. a model's logits[:, -1, :]: the in-place kernels need rows in one piece
-        logits = logits.contiguous()
+        logits, owned = logits.contiguous(), True
     if md.token_bitmask is not None:  # 2.
-        apply_token_bitmask_inplace(logits, md.token_bitmask, md.bitmask_rows)
+        if owned:
+            apply_token_bitmask_inplace(logits, md.token_bitmask, md.bitmask_rows)
+        else:  # the caller's tensor: the masked logits go to a new one, in the same pass
+            logits, owned = apply_token_bitmask(logits, md.token_bitmask, md.bitmask_rows), True
+    if not owned and (md.logit_bias is not None or md.penalties is not None):
+        # [B, V]: one pass (into a warm buffer: fresh pages cost several), for the sparse writes of stages 3-4
+        rows, vocab = logits.shape
+        logits = buffer("logits", rows, vocab, logits.device).copy_(logits) if buffer else logits.clone()
+        owned = True
     if md.logit_bias is not None:  # 3.
         apply_logit_bias_inplace(logits, *md.logit_bias)
     if md.penalties is not None:  # 4.
         p = md.penalties
         apply_penalties_inplace(logits, p.seen_ids, p.output_ids, p.output_valid, p.repetition, p.frequency, p.presence)
-    return logits
+    return logits, owned
 
 
 def _kth(
@@ -326,7 +364,7 @@ def _kth(
 
 
 def sample(
-    # [B, V] float32 / float16 / bfloat16, any device; not modified
+    # [B, V] float32 / float16 / bfloat16, any device; not modified unless ``inplace``
     logits: torch.Tensor,
     params: SamplingParams | Sequence[SamplingParams],
     *,
@@ -334,11 +372,45 @@ def sample(
     output_token_ids: TokenIds = None,
     # [B, ceil(V / 32)] int32; a row of all -1 (every bit set) is unconstrained
     token_bitmask: torch.Tensor | None = None,
+    inplace: bool = False,
+    sampler: Sampler | None = None,
 ) -> SamplerOutput:
     """Sample one token per row: the stateless convenience over :class:`Sampler`.
 
     ``params`` is one :class:`SamplingParams` for every row, or a list of B.
     See :class:`Sampler` for the pipeline and :class:`SamplerOutput` for the result.
+
+    Parameters
+    ----------
+    logits : ``[B, V]`` float tensor
+        The next-token logits.
+    params : SamplingParams or a sequence of B
+        One for every row, or one per row.
+    prompt_token_ids, output_token_ids : per-row id sequences, default: None
+        The histories the penalties read; ``len(output_token_ids[i])`` is row i's position in its
+        seeded random stream.
+    token_bitmask : int32 tensor ``[B, ceil(V / 32)]``, default: None
+        Allowed tokens, xgrammar's layout.
+    inplace : bool, default: False
+        Whether ``logits`` may be overwritten. False leaves them unchanged without copying them up
+        front: a copy is made only where the pipeline writes (the bitmask writes the masked logits to
+        a new tensor in the pass it makes anyway; logit bias or penalties without a bitmask copy the
+        logits once; the sampling weights go to scratch buffers). Not copying by default keeps the
+        caller's tensor safe to reuse (another sample, logprobs of their own); pass True when the logits
+        are yours to spend, e.g. a model's fresh output.
+    sampler : Sampler, default: None (a new one per call)
+        A sampler to run, keeping its scratch buffers between calls (see the cost below).
+
+    Notes
+    -----
+    Cost: every call validates ``params`` and turns them, the histories (as Python lists) and the
+    bitmask into tensors (:meth:`SamplingMetadata.build`: O(B x history) Python work), and a fresh
+    :class:`Sampler` allocates its scratch buffers (up to three ``[B, V]`` float32 buffers, whose first
+    touch of fresh pages costs several memory passes each: a ``clone`` 6.5x a ``copy_`` into a warm
+    buffer at 64 x 128,256 on an AMD EPYC, family 26). Passing ``sampler`` spares the buffers. A decode
+    loop should keep a :class:`~constrain.sampler.batch.SamplingBatch` (per-row tensors updated only when
+    rows join or leave, histories appended to) and one :class:`Sampler`, as :func:`constrain.generate`
+    and the server do.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
@@ -355,6 +427,4 @@ def sample(
         output_token_ids=output_token_ids,
         token_bitmask=token_bitmask,
     )
-    if logits.dtype == torch.float32:  # the Sampler may overwrite float32 logits
-        logits = logits.clone()
-    return Sampler()(logits, metadata)
+    return (sampler if sampler is not None else Sampler())(logits, metadata, inplace=inplace)

@@ -32,10 +32,10 @@ from constrain.decode.drafts import next_drafts, resolve_proposer
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
-from constrain.decode.speculative import Acceptance, Proposer, plan_drafts
+from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
-from constrain.sampler import Sampler, SamplingMetadata, SamplingParams
+from constrain.sampler import Sampler, SamplingBatch, SamplingParams
 
 __all__ = ["DecodeLoop", "project_only", "run"]
 
@@ -85,7 +85,8 @@ class DecodeLoop:
     equals the draft" accepts with the probability rejection sampling would (p of the draft) and emits
     exactly plain decoding's distribution (its very tokens, for seeded requests). Each step feeds only
     the drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`), from each request's acceptance so
-    far and ``forward_cost`` (default: measured on first use, :func:`~constrain.models.cost.forward_cost`).
+    far and ``forward_cost`` (default: the model's, measured once per machine and saved:
+    :func:`~constrain.models.cost.forward_cost`).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -128,6 +129,7 @@ class DecodeLoop:
         self.clock = _Clock(timings)
         self.proposer = resolve_proposer(handle, speculative)
         self.forward_cost = forward_cost
+        self._given_cost = forward_cost
         self.jump_forward = jump_forward
         self.device = next(handle.model.parameters()).device
         self.overlap = self.device.type != "cpu" if overlap is None else overlap
@@ -136,6 +138,7 @@ class DecodeLoop:
         tokenizer = handle.tokenizer
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else handle.eos_token_ids[0]
         self.sampler = Sampler()
+        self.sampling = SamplingBatch(handle.vocab_size, device=self.device)  # the rows' sampling tensors, kept
         forward_args = inspect.signature(handle.model.forward).parameters
         # a prompt's logits are needed at its last position only ([B, T, V] would dominate the prefill)
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
@@ -279,18 +282,18 @@ class DecodeLoop:
     ) -> Any:
         """One sampler call for every slot; where it raises, the rows whose slots raise alone fail, and the
         call runs again with their slots neutral (zero logits, no mask, greedy), their tokens then unused."""
-        vocab, device = self.handle.vocab_size, self.device
+        device = self.device
 
         def call(slots: list[int], hist: list[tuple[Any, list[int]]]) -> Any:
             if len(slots) == len(histories):  # every slot (the common case: no copy of the bitmask)
                 bitmask = masks.bitmask.to(device) if masks.bitmask is not None else None
-                return _sample(self.sampler, hist, logits, vocab, device, bitmask, masks.slots)
+                return _sample(self.sampler, self.sampling, hist, logits, bitmask, masks.slots, sync=True)
             position = {slot: k for k, slot in enumerate(slots)}
             rows = [k for k, slot in enumerate(masks.slots) if slot in position]  # their bitmask rows
             bitmask = masks.bitmask[rows].to(device) if masks.bitmask is not None and rows else None
             # slots and bitmask rows keep their order, so row k of the bitmask is slot position[masks.slots[k]]
             index = [position[masks.slots[k]] for k in rows]
-            return _sample(self.sampler, hist, logits[slots], vocab, device, bitmask, index)
+            return _sample(self.sampler, self.sampling, hist, logits[slots], bitmask, index)
 
         every = list(range(len(histories)))
         try:
@@ -327,8 +330,8 @@ class DecodeLoop:
                 index = [at[row] for row in mask_rows]
                 again = [histories[masks.slots[row]] for row in mask_rows]
                 rows = bitmask[mask_rows].to(self.device)  # [n, ceil(V / 32)]: refused bits cleared
-                out = _sample(self.sampler, again, kept[index], self.handle.vocab_size, self.device, rows,
-                              list(range(len(mask_rows))), draw=draw)  # fmt: skip
+                out = _sample(self.sampler, self.sampling, again, kept[index], rows, list(range(len(mask_rows))),
+                              draw=draw)  # fmt: skip
                 return list(out.token_ids.tolist())
 
             settle(checked, tokens, bitmask, redraw)
@@ -449,9 +452,11 @@ class DecodeLoop:
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
         drafts = [self._next_drafts(r) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
-        offered = [0 if is_forced else len(d) for d, is_forced in drafts]
+        offered = [0 if is_forced else _at_most(len(d), r.acceptance.limit) for (d, is_forced), r in
+                   zip(drafts, self.active, strict=True)]  # fmt: skip
+        rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         relative = functools.partial(self._relative_cost, len(self.active))
-        self._proposed = plan_drafts(forced, offered, [r.acceptance.rate for r in self.active], relative)
+        self._proposed = plan_drafts(forced, offered, rates, relative)
         self._drafts = [d[: f + n] for (d, _), f, n in zip(drafts, forced, self._proposed, strict=True)]
         width = 1 + max(len(d) for d in self._drafts)
         self._input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
@@ -463,21 +468,29 @@ class DecodeLoop:
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
 
-    def _next_drafts(self, r: InFlight) -> tuple[list[int], bool]:
+    def _next_drafts(self, r: InFlight) -> tuple[Drafts, bool]:
         """:func:`~constrain.decode.drafts.next_drafts` of ``r``; where it raises, ``r`` fails (no drafts;
         it leaves the batch at the next step)."""
         try:
             return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward)
         except Exception as err:
             self._fail(r, err, "drafting")
-            return [], False
+            return Drafts(), False
 
     def _relative_cost(self, batch: int, width: int) -> float:
-        """A pass of ``batch`` rows ``width`` tokens wide against one token per row (measures the
-        model's :class:`~constrain.models.cost.ForwardCost` on first use, unless one was given)."""
-        if self.forward_cost is None:
-            self.forward_cost = cost.forward_cost(self.handle.model)
+        """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
+        :class:`~constrain.models.cost.ForwardCost`, else the model's (:func:`~constrain.models.cost.forward_cost`,
+        measured once per machine, up to the passes of one draft per row at least: past the knee the cost
+        grows about linearly, as the last segment extrapolates)."""
+        if self._given_cost is not None:
+            return self._given_cost.relative(batch, width)
+        self.forward_cost = cost.forward_cost(self.handle.model, upto=2 * batch)
         return self.forward_cost.relative(batch, width)
+
+
+def _at_most(count: int, limit: int | None) -> int:
+    """``count``, capped at ``limit`` where there is one."""
+    return count if limit is None else min(count, limit)
 
 
 @contextlib.contextmanager
@@ -546,27 +559,30 @@ _IDLE: Any = _Idle()
 
 def _sample(
     sampler: Sampler,
+    batch: SamplingBatch,
     histories: list[tuple[InFlight, list[int]]],
-    # [P, V] float: one row per slot
+    # [P, V] float: one row per slot; overwritten (the loop's own logits)
     logits: torch.Tensor,
-    vocab: int,
-    device: torch.device,
     # [c, ceil(V / 32)] int32 or None
     bitmask: torch.Tensor | None,
     rows: list[int],
     *,
+    sync: bool = False,
     draw: int = 0,
 ) -> Any:
     """One sampler call for every slot: its request's parameters, and its history (output + drafts);
-    ``draw`` > 0 draws those slots again, with fresh randomness."""
-    penalized = any(r.params.has_penalties for r, _ in histories)
-    metadata = SamplingMetadata.build(
-        [r.params for r, _ in histories],
-        vocab_size=vocab,
-        device=device,
-        prompt_token_ids=[r.prompt_ids for r, _ in histories] if penalized else None,
-        output_token_ids=[r.output_ids + extra for r, extra in histories] if penalized else None,
-        output_lengths=None if penalized else [len(r.output_ids) + len(extra) for r, extra in histories],
+    ``draw`` > 0 draws those slots again, with fresh randomness.
+
+    The requests' sampling tensors persist in ``batch`` (:class:`~constrain.sampler.SamplingBatch`): they
+    are rebuilt only when requests join or leave, and each step appends the tokens the rows took, so a step
+    costs O(rows) Python, not O(rows x history). ``sync`` (the step's call for every slot) makes the slots'
+    requests the batch's rows; other calls (redraws, the retries that isolate a failing row) take rows the
+    batch holds, updating it only if it does not hold them all."""
+    requests = list({id(r): r for r, _ in histories}.values())
+    if sync or not batch.holds(requests):
+        batch.update(requests)
+    metadata = batch.metadata(
+        slots=[(batch.row(r), extra) for r, extra in histories],
         token_bitmask=bitmask,
         bitmask_rows=rows if rows else None,
         draw=draw,

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-__all__ = ["apply_token_bitmask_inplace", "bitmask_penalty", "bitmask_size"]
+__all__ = ["apply_token_bitmask", "apply_token_bitmask_inplace", "bitmask_penalty", "bitmask_size"]
 
 if sys.byteorder != "little":  # pragma: no cover - every torch target is little-endian today
     raise ImportError("sampler.ops.bitmask assumes a little-endian byte order")
@@ -58,6 +58,28 @@ def bitmask_penalty(
     return penalty if words * 32 == vocab_size else penalty[:, :vocab_size]
 
 
+def _check(
+    # [B, V] float32
+    logits: torch.Tensor,
+    # [n, ceil(V / 32)] int32
+    bitmask: torch.Tensor,
+    # [n] int64 or None
+    rows: torch.Tensor | None,
+) -> None:
+    """Raise ``ValueError`` unless ``bitmask`` (and ``rows``) fit ``logits``."""
+    if bitmask.dtype != torch.int32:
+        raise ValueError(f"token bitmask must be int32 (xgrammar's layout), got {bitmask.dtype}")
+    if bitmask.device != logits.device:
+        raise ValueError(f"token bitmask is on {bitmask.device} but logits on {logits.device}: move it first")
+    vocab_size = logits.shape[-1]
+    if bitmask.shape[-1] < bitmask_size(vocab_size):
+        raise ValueError(
+            f"token bitmask has {bitmask.shape[-1]} words per row; vocab {vocab_size} needs {bitmask_size(vocab_size)}"
+        )
+    if rows is None and bitmask.shape[0] != logits.shape[0]:
+        raise ValueError(f"token bitmask has {bitmask.shape[0]} rows for {logits.shape[0]} logits rows: pass rows=")
+
+
 def apply_token_bitmask_inplace(
     # [B, V] float32; modified in place
     logits: torch.Tensor,
@@ -73,19 +95,32 @@ def apply_token_bitmask_inplace(
     logit that is disallowed would become NaN; models do not produce ``+inf``.)
     Rows of ``logits`` not named in ``rows`` are untouched.
     """
-    if bitmask.dtype != torch.int32:
-        raise ValueError(f"token bitmask must be int32 (xgrammar's layout), got {bitmask.dtype}")
-    if bitmask.device != logits.device:
-        raise ValueError(f"token bitmask is on {bitmask.device} but logits on {logits.device}: move it first")
-    vocab_size = logits.shape[-1]
-    if bitmask.shape[-1] < bitmask_size(vocab_size):
-        raise ValueError(
-            f"token bitmask has {bitmask.shape[-1]} words per row; vocab {vocab_size} needs {bitmask_size(vocab_size)}"
-        )
-    penalty = bitmask_penalty(bitmask, vocab_size)  # [n, V]
+    _check(logits, bitmask, rows)
+    penalty = bitmask_penalty(bitmask, logits.shape[-1])  # [n, V]
     if rows is None:
-        if bitmask.shape[0] != logits.shape[0]:
-            raise ValueError(f"token bitmask has {bitmask.shape[0]} rows for {logits.shape[0]} logits rows: pass rows=")
         logits.add_(penalty)
     else:
         logits.index_add_(0, rows, penalty.to(logits.dtype))
+
+
+def apply_token_bitmask(
+    # [B, V] float32; not modified
+    logits: torch.Tensor,
+    # [n, ceil(V / 32)] int32, on logits.device
+    bitmask: torch.Tensor,
+    # [n] int64: the logits row of each bitmask row; None means row i -> row i (n == B)
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return ``[B, V]``: ``logits`` with every disallowed logit ``-inf``; ``logits`` is left unchanged.
+
+    The same values as :func:`apply_token_bitmask_inplace`, bit for bit, at the same cost when every row is
+    constrained: the sum is written into the penalty's own buffer (one pass, as the in-place add); with
+    ``rows``, the other rows are copied as well (one more pass).
+    """
+    _check(logits, bitmask, rows)
+    penalty = bitmask_penalty(bitmask, logits.shape[-1])  # [n, V]
+    if rows is None:
+        if penalty.is_contiguous():  # V a multiple of 32 (else a view of a wider table)
+            return penalty.add_(logits)  # [B, V]: x + 0 == 0 + x and x + -inf == -inf + x, exactly
+        return logits + penalty  # [B, V]
+    return logits.index_add(0, rows, penalty.to(logits.dtype))  # [B, V]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .topk_topp import top_p_threshold
 from ..rng import Stream, uniform
+from .topk_topp import top_p_threshold
 
 __all__ = ["MAX_REJECTION_ROUNDS", "block_sums", "inverse_cdf_sample", "sample_top_p_rejection", "sample_window"]
 
