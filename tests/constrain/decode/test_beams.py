@@ -22,8 +22,8 @@ import constrain
 from constrain.decode.beams import BeamSearch
 from constrain.errors import BeamSearchError
 from constrain.match.bitmask import allocate_token_bitmask
-from constrain.testing import LocalServer
 from constrain.sampler.ops.bitmask import bitmask_penalty
+from constrain.testing import LocalServer
 
 PROMPT = "Pick one:"
 SCHEMA = {
