@@ -109,6 +109,8 @@ class SamplingBatch:
         nor advanced. Given the same generator state, :meth:`metadata` draws what
         ``SamplingMetadata.build(generator=...)`` draws.
 
+    Notes
+    -----
     Not thread-safe: one thread owns a batch (a decode loop's). Holds references to its requests until
     they leave (an ``update`` without them). Memory: the per-row tensors, and two int64 id tensors
     ``[R, up to twice the longest penalised history]`` (none while no row has a penalty).
@@ -195,13 +197,15 @@ class SamplingBatch:
         draw : int, default: 0
             Which draw of this step (see ``SamplingMetadata.build``).
 
-        Cost: a few ``[P]`` tensor ops and one ``[P]`` host-to-device copy per call, plus, for penalised
-        rows, views of the history tensors (with drafts: a gather of their ``[P, L]`` rows).
-
         Raises
         ------
         ValueError
             The batch is empty, a slot names no held row, ``draw`` < 0, or the bitmask does not fit.
+
+        Notes
+        -----
+        Cost: a few ``[P]`` tensor ops and one ``[P]`` host-to-device copy per call, plus, for penalised
+        rows, views of the history tensors (with drafts: a gather of their ``[P, L]`` rows).
         """
         if draw < 0:
             raise ValueError(f"draw counts the draws of a step from 0, got {draw}")

@@ -28,8 +28,12 @@ def _module(name: str) -> object | None:
     except ModuleNotFoundError as err:
         if err.name is None or err.name.split(".")[0] == "constrain":
             return None
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.origin is not None
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # a name inside such a module, not a module
+            return None
+        if spec is None or spec.origin is None:
+            return None
         tree = ast.parse(Path(spec.origin).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
         return defined | {

@@ -1,8 +1,10 @@
 """constrain as a vLLM V1 logits processor: vLLM serves, constrain enforces each request's constraint.
 
-Load it with ``LLM(model, logits_processors=[ConstrainLogitsProcessor])``, with ``vllm serve MODEL
---logits-processors constrain.integrations.vllm:ConstrainLogitsProcessor``, or not at all where
-constrain is installed: its ``vllm.logits_processors`` entry point registers it with every engine.
+Load it with ``LLM(model, logits_processors=[ConstrainLogitsProcessor])``, or with ``vllm serve MODEL
+--logits-processors constrain.integrations.vllm:ConstrainLogitsProcessor``. It is opt-in: constrain
+registers no ``vllm.logits_processors`` entry point, because vLLM loads every such plugin into every
+engine, and its V2 model runner (the default where Triton is present, so on GPUs) refuses V1-interface
+plugins at start-up: installing constrain would stop ``vllm serve`` from starting.
 A request opts in with ``SamplingParams(extra_args={"constrain": ARGS})``, or through the OpenAI
 server with ``extra_body={"vllm_xargs": {"constrain": json.dumps(ARGS)}}`` (the server takes only
 strings and numbers there). ``ARGS`` is what :func:`~constrain.integrations.guide.guide_spec` reads:
@@ -18,7 +20,8 @@ strings and numbers there). ``ARGS`` is what :func:`~constrain.integrations.guid
   (the closing path near the end of ``max_tokens``, the repetition guard), and applied to the logits on
   their device before penalties and temperature (``is_argmax_invariant`` is False).
 
-vLLM 0.32 (the V1 model runner: vLLM's CPU build, and GPUs where the V1 runner is chosen) calls
+vLLM 0.32 (the V1 model runner: vLLM's CPU build, and GPUs with ``VLLM_USE_V2_MODEL_RUNNER=0``; the V2
+runner refuses the class even when named) calls
 ``update_state`` with the batch's changes (removed, then added, then moved rows) and ``apply`` with the
 logits. Requests refer to their live output token lists, so the guides follow what vLLM sampled.
 """

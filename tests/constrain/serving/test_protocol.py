@@ -4,12 +4,15 @@ Every field of both request bodies (nested ones too, found by walking ``model_fi
 added later without a decision fails :func:`test_every_field_has_a_decision`) has cases below: given
 a sample value, it either changes the built request ("generation"), leaves it alone and is listed in
 ``SERVED_FIELDS`` (what it does there is tested in ``test_server.py``: "served"), or is refused with an
-error whose ``field`` is its dotted path ("refused").
+error whose ``field`` is its dotted path ("refused"). The fields of ``REFUSED_FIELDS`` (vLLM's, declared
+so that their 400 says why) have refused cases only.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import typing
 from typing import Any
 
@@ -18,7 +21,9 @@ from pydantic import BaseModel, ValidationError
 
 import constrain
 from constrain.errors import BeamSearchError
+from constrain.generation import resolve_constraint
 from constrain.serving.protocol import (
+    REFUSED_FIELDS,
     SERVED_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
@@ -36,6 +41,8 @@ SCHEMA_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"sch
 NO_SCHEMA_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}
 TOOLS = {"tools": [WEATHER_TOOL]}
 BEAMS = {"use_beam_search": True, "n": 2}
+SO_JSON = {"structured_outputs": {"json": SCHEMA}}
+SO_REGEX = {"structured_outputs": {"regex": "a+"}}
 
 # (dotted path, the other fields given, the path's sample value, its effect)
 path__beside__value__effect__common = [
@@ -77,6 +84,44 @@ path__beside__value__effect__common = [
     ("length_penalty", BEAMS, 0.5, "generation"),
     ("length_penalty", {}, 0.5, "refused"),
     ("length_penalty", {}, 1.0, "refused"),  # given, though the default: it would still do nothing
+    # vLLM's constraint fields
+    ("structured_outputs", {}, {"regex": "a+"}, "generation"),
+    ("structured_outputs", {}, {}, "refused"),  # no constraint in it
+    ("structured_outputs", {}, {"disable_any_whitespace": True}, "refused"),
+    ("structured_outputs.json", {}, SCHEMA, "generation"),
+    ("structured_outputs.json", {}, '{"type": "integer"}', "generation"),  # JSON text
+    ("structured_outputs.json", {}, {"type": "nope"}, "refused"),
+    ("structured_outputs.json", {"regex": "a"}, SCHEMA, "refused"),  # two constraints
+    ("structured_outputs.regex", {}, "a+", "generation"),
+    ("structured_outputs.regex", {}, "(ab", "refused"),
+    ("structured_outputs.regex", {"structured_outputs": {"json": SCHEMA}}, "a+", "refused"),
+    ("structured_outputs.choice", {}, ["a", "b"], "generation"),
+    ("structured_outputs.choice", {"choices": ["c"]}, ["a", "b"], "refused"),
+    ("structured_outputs.grammar", {}, 'root ::= "a"', "generation"),
+    ("structured_outputs.grammar", {}, "root ::= (", "refused"),
+    ("structured_outputs.json_object", {}, True, "generation"),
+    ("structured_outputs.json_object", {}, False, "refused"),
+    ("structured_outputs.disable_any_whitespace", SO_JSON, True, "generation"),
+    ("structured_outputs.disable_any_whitespace", {"structured_outputs": {"json_object": True}}, True, "generation"),
+    ("structured_outputs.disable_any_whitespace", SO_REGEX, True, "refused"),
+    ("structured_outputs.disable_additional_properties", SO_JSON, True, "served"),
+    ("structured_outputs.disable_additional_properties", SO_JSON, False, "served"),
+    ("structured_outputs.whitespace_pattern", SO_JSON, r"[ ]?", "refused"),
+    ("structured_outputs.structural_tag", SO_JSON, "{}", "refused"),
+    ("guided_json", {}, SCHEMA, "generation"),
+    ("guided_json", {"regex": "a"}, SCHEMA, "refused"),
+    ("guided_json", SO_REGEX, SCHEMA, "refused"),
+    ("guided_regex", {}, "a+", "generation"),
+    ("guided_regex", {}, "(ab", "refused"),
+    ("guided_regex", {"guided_json": SCHEMA}, "a+", "refused"),
+    ("guided_choice", {}, ["a", "b"], "generation"),
+    ("guided_choice", {}, ["a", "a"], "refused"),
+    ("guided_grammar", {}, 'root ::= "a"', "generation"),
+    ("guided_grammar", {"grammar": "json"}, 'root ::= "a"', "refused"),
+    ("guided_decoding_backend", {}, "auto", "served"),
+    ("guided_decoding_backend", {"guided_json": SCHEMA}, "auto", "served"),
+    ("guided_decoding_backend", {}, "xgrammar", "refused"),
+    ("guided_whitespace_pattern", {"guided_json": SCHEMA}, r"[ ]?", "refused"),
 ]
 
 path__beside__value__effect__chat = [
@@ -90,6 +135,9 @@ path__beside__value__effect__chat = [
     ("top_logprobs", {"logprobs": False}, 0, "refused"),
     ("response_format", {}, {"type": "json_object"}, "generation"),
     ("response_format", TOOLS, {"type": "json_object"}, "refused"),
+    ("response_format", {"regex": "a"}, {"type": "json_object"}, "refused"),
+    ("response_format", SO_JSON, {"type": "json_object"}, "refused"),
+    ("response_format", {"guided_regex": "a"}, {"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "refused"),
     ("response_format.type", {"response_format": {"type": "text"}}, "json_object", "generation"),
     ("response_format.json_schema", {"response_format": {"type": "json_schema"}}, {"schema": SCHEMA}, "generation"),
     ("response_format.json_schema", {"response_format": {"type": "json_object"}}, {"name": "x"}, "refused"),
@@ -105,6 +153,8 @@ path__beside__value__effect__chat = [
     ("tool_choice", {"tools": []}, "auto", "refused"),
     ("parallel_tool_calls", {**TOOLS, "tool_choice": "required"}, False, "generation"),
     ("parallel_tool_calls", {}, True, "refused"),
+    ("structured_outputs.regex", TOOLS, "a", "refused"),  # beside tools that may be called
+    ("guided_choice", {**TOOLS, "tool_choice": "none"}, ["a"], "generation"),  # beside tools that may not
 ]
 
 path__beside__value__effect__completion = [
@@ -157,11 +207,13 @@ def _outcome(endpoint: str, body: dict[str, Any], handle: constrain.ModelHandle)
 
 @pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
 def test_every_field_has_a_decision(endpoint):
-    """Every field has a case, and at least one where it is accepted: a field added without a decision fails."""
+    """Every field has a case, and at least one where it is accepted but those of ``REFUSED_FIELDS``: a field
+    added without a decision fails."""
     model, _, cases = ENDPOINTS[endpoint]
     assert {path for path, *_ in cases} == field_paths(model)
     accepted = {path for path, _, _, effect in cases if effect != "refused"}
-    assert accepted == field_paths(model)
+    assert set(REFUSED_FIELDS) <= field_paths(model)
+    assert accepted == field_paths(model) - set(REFUSED_FIELDS)
 
 
 def test_served_fields_are_the_fields_that_leave_generation_alone():
@@ -238,3 +290,66 @@ def test_user_and_metadata_are_the_request_labels():
     assert request_labels(_chat()) == {}
     assert request_labels(_chat(user="u-1", metadata={"k": "v"})) == {"user": "u-1", "metadata": {"k": "v"}}
     assert request_labels(CompletionRequest.model_validate({**COMPLETION, "user": "u-2"})) == {"user": "u-2"}
+
+
+def _constraint(body: dict[str, Any], handle: constrain.ModelHandle) -> Any:
+    """The constraint the chat request ``body`` (CHAT's fields beside) generates under."""
+    r = chat_requests(_chat(**body), handle)[0]
+    return resolve_constraint(r.schema, r.regex, r.grammar, r.choices, r.constraint)
+
+
+SCHEMA_AS_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+
+# (vLLM's fields, the request without them that generates under the same constraint)
+vllm__same_as = [
+    ({"structured_outputs": {"json": SCHEMA}}, SCHEMA_AS_FORMAT),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, SCHEMA_AS_FORMAT),
+    ({"guided_json": SCHEMA}, SCHEMA_AS_FORMAT),
+    ({"guided_json": SCHEMA, "guided_decoding_backend": "auto"}, SCHEMA_AS_FORMAT),
+    ({"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}}, SCHEMA_AS_FORMAT),
+    ({"structured_outputs": {"json_object": True}}, {"response_format": {"type": "json_object"}}),
+    ({"structured_outputs": {"regex": r"\d+"}}, {"regex": r"\d+"}),
+    ({"guided_regex": r"\d+"}, {"regex": r"\d+"}),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, {"choices": ["a", "b"]}),
+    ({"guided_choice": ["a", "b"]}, {"choices": ["a", "b"]}),
+    ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}}, {"grammar": 'root ::= "a" | "b"'}),
+    ({"guided_grammar": "json"}, {"grammar": "json"}),
+]
+
+
+@pytest.mark.parametrize(("vllm", "same_as"), vllm__same_as)
+def test_vllms_fields_are_the_same_constraints_as_ours(tiny, vllm, same_as):
+    assert _constraint(vllm, tiny) == _constraint(same_as, tiny) is not None
+
+
+def test_disable_any_whitespace_writes_json_without_whitespace(tiny):
+    for fields in ({"json": SCHEMA}, {"json_object": True}):
+        plain = _constraint({"structured_outputs": fields}, tiny)
+        compact = _constraint({"structured_outputs": {**fields, "disable_any_whitespace": True}}, tiny)
+        assert (plain.whitespace, compact.whitespace) == ("dumps", "compact")
+        assert dataclasses.replace(compact, whitespace="dumps") == plain
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "named"),
+    [
+        ({"structured_outputs": {"json": SCHEMA, "regex": "a"}}, "structured_outputs.regex",
+         ["structured_outputs.json", "structured_outputs.regex"]),
+        ({"guided_json": SCHEMA, "response_format": {"type": "json_object"}}, "response_format",
+         ["guided_json", "response_format"]),
+        ({"regex": "a", "guided_regex": "b", "structured_outputs": {"choice": ["c"]}}, "guided_regex",
+         ["regex", "structured_outputs.choice", "guided_regex"]),
+    ],
+)  # fmt: skip
+def test_two_constraints_are_refused_naming_them(tiny, fields, param, named):
+    with pytest.raises(FieldError) as info:
+        chat_requests(_chat(**fields), tiny)
+    assert info.value.field == param and all(name in str(info.value) for name in named), str(info.value)
+
+
+@pytest.mark.parametrize("path", sorted(REFUSED_FIELDS))
+def test_a_refused_vllm_field_says_why(tiny, path):
+    body = _merged(CHAT, SO_JSON if path.startswith("structured_outputs.") else {"guided_json": SCHEMA}, path, "x")
+    with pytest.raises(FieldError) as info:
+        chat_requests(ChatCompletionRequest.model_validate(body), tiny)
+    assert info.value.field == path and str(info.value) == f"{path}: {REFUSED_FIELDS[path]}"
