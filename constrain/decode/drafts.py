@@ -39,7 +39,7 @@ def next_drafts(
         ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     else:
         return Drafts(), False
-    return Drafts(_feedable(r, ids), getattr(ids, "prior", None)), bool(forced)
+    return Drafts(_feedable(r, ids), getattr(ids, "prior", None), getattr(ids, "run", None)), bool(forced)
 
 
 def _feedable(r: InFlight, ids: Sequence[int]) -> Sequence[int]:

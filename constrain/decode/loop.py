@@ -452,11 +452,11 @@ class DecodeLoop:
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
         drafts = [self._next_drafts(r) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
-        offered = [0 if is_forced else _at_most(len(d), r.acceptance.limit) for (d, is_forced), r in
+        offered = [0 if is_forced else _at_most(len(d), r.acceptance.limit(d.prior)) for (d, is_forced), r in
                    zip(drafts, self.active, strict=True)]  # fmt: skip
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         relative = functools.partial(self._relative_cost, len(self.active))
-        self._proposed = plan_drafts(forced, offered, rates, relative)
+        self._proposed = plan_drafts(forced, offered, rates, relative, [d.run for d, _ in drafts])
         self._drafts = [d[: f + n] for (d, _), f, n in zip(drafts, forced, self._proposed, strict=True)]
         width = 1 + max(len(d) for d in self._drafts)
         self._input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding

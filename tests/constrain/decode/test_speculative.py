@@ -159,6 +159,9 @@ def test_expected_tokens():
     assert expected_tokens(2, 0.5) == pytest.approx(1 + 0.5 + 0.25)
     assert expected_tokens(3, 1.0) == 4.0
     assert expected_tokens(3, 0.0) == 1.0
+    assert expected_tokens(3, 0.5, run=0.9) == pytest.approx(1 + 0.5 * (1 + 0.9 + 0.81))  # a copy goes on
+    assert plan_drafts([0], [16], [0.5], lambda width: 1.0 + 0.03 * (width - 1), [0.9]) == [16]
+    assert plan_drafts([0], [16], [0.5], lambda width: 1.0 + 0.03 * (width - 1)) == [4]  # independent drafts
 
 
 def test_plan_feeds_drafts_where_they_are_cheap_and_accepted():
@@ -221,31 +224,33 @@ def test_acceptance_follows_the_drafts_kept():
 
 def test_acceptance_probes_with_one_draft_and_backs_off_after_rejections():
     a = Acceptance(prior=0.5)
-    assert a.limit == 1  # no evidence: one draft at most
+    assert a.limit() == 1  # no evidence: one draft at most
     a.observe(fed=1, accepted=1)
-    assert a.limit == 1
+    assert a.limit() == 1
     a.observe(fed=1, accepted=1)
-    assert a.limit is None  # two passes with drafts: as many as pay
+    assert a.limit() is None  # two passes with drafts: as many as pay
     waits = []
     for _ in range(6):  # passes whose drafts are all rejected: wait 1, 2, 4, 8, 16, 16 steps
         a.observe(fed=2, accepted=0)
         waits.append(a.wait)
-        while a.limit == 0:
+        while a.limit() == 0:
             a.observe(fed=0, accepted=0)
     assert waits == [1, 2, 4, 8, 16, 16]
     a.observe(fed=2, accepted=1)  # a draft kept: no more waiting
-    assert a.wait == 0 and a.limit is None and a.misses == 0
+    assert a.wait == 0 and a.limit() is None and a.misses == 0
+    assert Acceptance().limit(0.5) == 1 and Acceptance().limit(0.95) is None  # a confident proposal: no probe
     assert a.estimate(0.1) < a.rate < a.estimate(0.9)  # a proposal's own prior, weighed with the evidence
 
 
 def test_ngram_drafts_carry_a_prior_by_the_length_of_their_match():
     from constrain.decode.speculative import NGRAM_PRIORS, ngram_proposal
 
-    assert (
-        ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2) == [8, 5]
-        and ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2).prior == NGRAM_PRIORS[2]
-    )
-    assert ngram_proposal([1, 2, 9, 4, 2], 3).prior == NGRAM_PRIORS[0]  # only "2" was seen before
+    prior = {length: p for length, p, _ in NGRAM_PRIORS}
+    three = ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2)
+    assert three == [8, 5] and three.prior == prior[3]
+    assert ngram_proposal([1, 2, 9, 4, 2], 3).prior == prior[1]  # only "2" was seen before
+    copied = ngram_proposal([1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4, 5, 6], 2)  # "2 3 4 5 6" again: measured past n_max
+    assert copied == [7, 9] and copied.prior == prior[5]
     assert ngram_proposal([1, 2, 3], 3) == [] and ngram_proposal([1, 2, 3], 3).prior is None
 
 
