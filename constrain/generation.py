@@ -47,6 +47,7 @@ from constrain.sampler import InvalidSamplingParamsError, SamplingParams
 __all__ = [
     "ChatOptions",
     "GenerateOptions",
+    "ReplyOptions",
     "Request",
     "SamplingOptions",
     "StreamOptions",
@@ -158,8 +159,8 @@ class SamplingOptions(TypedDict, total=False):
     logprobs_mode: Literal["processed", "raw"]
 
 
-class ChatOptions(SamplingOptions, total=False):
-    """The keyword options of :func:`constrain.chat`: those of :func:`generate` but the constraint and ``n``."""
+class ReplyOptions(SamplingOptions, total=False):
+    """The keyword options every public call takes: the sampling ones, how a reply ends, and how it decodes."""
 
     max_tokens: int
     stop: Sequence[str] | str | None
@@ -167,14 +168,19 @@ class ChatOptions(SamplingOptions, total=False):
     close_in_budget: bool
     repetition_guard: bool | None
     reasoning: bool | dict[str, Any] | Reasoning | None
-    num_beams: int
-    length_penalty: float
     jump_forward: bool
     speculative: bool | Proposer
     forward_cost: ForwardCost | None
 
 
-class StreamOptions(SamplingOptions, total=False):
+class ChatOptions(ReplyOptions, total=False):
+    """The keyword options of :func:`constrain.chat`: those of :func:`generate` but the constraint and ``n``."""
+
+    num_beams: int
+    length_penalty: float
+
+
+class StreamOptions(ReplyOptions, total=False):
     """The keyword options of :func:`stream` (:func:`generate`'s but ``n``, ``num_beams``, ``length_penalty``)."""
 
     schema: Any
@@ -182,15 +188,6 @@ class StreamOptions(SamplingOptions, total=False):
     grammar: str | None
     choices: Sequence[str] | None
     constraint: Constraint | None
-    max_tokens: int
-    stop: Sequence[str] | str | None
-    stop_regex: Sequence[str] | str | None
-    close_in_budget: bool
-    repetition_guard: bool | None
-    reasoning: bool | dict[str, Any] | Reasoning | None
-    jump_forward: bool
-    speculative: bool | Proposer
-    forward_cost: ForwardCost | None
 
 
 class GenerateOptions(StreamOptions, total=False):

@@ -129,7 +129,6 @@ class DecodeLoop:
         self.clock = _Clock(timings)
         self.proposer = resolve_proposer(handle, speculative)
         self.forward_cost = forward_cost
-        self._given_cost = forward_cost
         self.jump_forward = jump_forward
         self.device = next(handle.model.parameters()).device
         self.overlap = self.device.type != "cpu" if overlap is None else overlap
@@ -482,10 +481,7 @@ class DecodeLoop:
         :class:`~constrain.models.cost.ForwardCost`, else the model's (:func:`~constrain.models.cost.forward_cost`,
         measured once per machine, up to the passes of one draft per row at least: past the knee the cost
         grows about linearly, as the last segment extrapolates)."""
-        if self._given_cost is not None:
-            return self._given_cost.relative(batch, width)
-        self.forward_cost = cost.forward_cost(self.handle.model, upto=2 * batch)
-        return self.forward_cost.relative(batch, width)
+        return (self.forward_cost or cost.forward_cost(self.handle.model, upto=2 * batch)).relative(batch, width)
 
 
 def _at_most(count: int, limit: int | None) -> int:
