@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from constrain.decode.checked import CheckedSlot, settle
-from constrain.decode.drafts import next_drafts, resolve_proposer
+from constrain.decode.drafts import MAX_DRAFT, next_drafts, resolve_proposer
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
@@ -451,10 +451,12 @@ class DecodeLoop:
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
         drafts = [self._next_drafts(r) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
-        offered = [0 if is_forced else _at_most(len(d), r.acceptance.limit(d.prior)) for (d, is_forced), r in
-                   zip(drafts, self.active, strict=True)]  # fmt: skip
-        rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         relative = functools.partial(self._relative_cost, len(self.active))
+        free = any(d and not is_forced for d, is_forced in drafts) and relative(1 + MAX_DRAFT) <= 1.0
+        # probing and backing off bound what a wrong draft costs: where a wide pass costs no more, none is due
+        offered = [0 if is_forced else len(d) if free else _at_most(len(d), r.acceptance.limit(d.prior))
+                   for (d, is_forced), r in zip(drafts, self.active, strict=True)]  # fmt: skip
+        rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         self._proposed = plan_drafts(forced, offered, rates, relative, [d.run for d, _ in drafts])
         self._drafts = [d[: f + n] for (d, _), f, n in zip(drafts, forced, self._proposed, strict=True)]
         width = 1 + max(len(d) for d in self._drafts)

