@@ -15,34 +15,42 @@ from constrain.decode.request import InFlight
 from constrain.decode.speculative import DraftModelProposer, Drafts, NgramProposer, Proposer
 from constrain.models.loading import ModelHandle
 
-__all__ = ["MAX_DRAFT", "next_drafts", "resolve_proposer"]
+__all__ = ["MAX_DRAFT", "feedable", "next_drafts", "resolve_proposer"]
 
 MAX_DRAFT = 16
 """At most this many drafts (forced or proposed) follow a request's last token in one forward pass."""
 
 
 def next_drafts(
-    r: InFlight, encode: Callable[[str], list[int]], proposer: Proposer | None, *, jump_forward: bool = True
+    r: InFlight,
+    encode: Callable[[str], list[int]],
+    proposer: Proposer | None,
+    *,
+    jump_forward: bool = True,
+    limited: bool = True,
 ) -> tuple[Drafts, bool]:
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
     (with ``jump_forward``), else the ``proposer``'s guess (speculative decoding, with the proposal's
-    prior where it gives one); pruned to what the grammar accepts, to no token that ends the request, and
-    to the tokens ``r`` may still write. Changes nothing of ``r`` (the grammar's checks run on forks of its
-    matcher)."""
+    prior where it gives one; with ``limited``, none while ``r`` backs off and as many as its
+    :meth:`~constrain.decode.speculative.Acceptance.limit` allows); pruned to what the grammar accepts, to
+    no token that ends the request, and to the tokens ``r`` may still write (a proposal only to the last;
+    :func:`feedable` prunes the part the loop plans to feed). Changes nothing of ``r`` (the grammar's
+    checks run on forks of its matcher)."""
     room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
     if r.finish_reason is not None or room <= 0 or r.thinks:
         return Drafts(), False
     forced = r.matcher.forced_text() if r.matcher is not None and jump_forward else ""
     if forced:
-        ids: Sequence[int] = encode(forced)[:room]
-    elif proposer is not None:
-        ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
-    else:
+        return Drafts(feedable(r, encode(forced)[:room])), True
+    if proposer is None or (limited and r.acceptance.limit() == 0):
         return Drafts(), False
-    return Drafts(_feedable(r, ids), getattr(ids, "prior", None), getattr(ids, "run", None)), bool(forced)
+    ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
+    prior, run = getattr(ids, "prior", None), getattr(ids, "run", None)
+    cap = r.acceptance.limit(prior) if limited else None
+    return Drafts(ids if cap is None else ids[:cap], prior, run), False
 
 
-def _feedable(r: InFlight, ids: Sequence[int]) -> Sequence[int]:
+def feedable(r: InFlight, ids: Sequence[int]) -> list[int]:
     """The longest prefix of ``ids`` worth feeding after ``r``'s last token: each token accepted by the
     grammar, and none that ends the request (an EOS id, or a token that terminates the grammar, such as
     a tool grammar's end of turn), since nothing may follow it and its slot's mask would be asked of a
@@ -50,8 +58,8 @@ def _feedable(r: InFlight, ids: Sequence[int]) -> Sequence[int]:
     probe = r.matcher.fork() if r.matcher is not None else None
     for count, token in enumerate(ids):
         if token in r.eos or (probe is not None and (not probe.accept_token(token) or probe.is_terminated())):
-            return ids[:count]
-    return ids
+            return list(ids[:count])
+    return list(ids)
 
 
 def resolve_proposer(handle: ModelHandle, speculative: bool | Proposer) -> Proposer | None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from constrain.decode.checked import CheckedSlot, settle
-from constrain.decode.drafts import MAX_DRAFT, next_drafts, resolve_proposer
+from constrain.decode.drafts import MAX_DRAFT, feedable, next_drafts, resolve_proposer
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
@@ -449,16 +449,18 @@ class DecodeLoop:
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
-        drafts = [self._next_drafts(r) for r in self.active]
-        forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         relative = functools.partial(self._relative_cost, len(self.active))
-        free = any(d and not is_forced for d, is_forced in drafts) and relative(1 + MAX_DRAFT) <= 1.0
         # probing and backing off bound what a wrong draft costs: where a wide pass costs no more, none is due
-        offered = [0 if is_forced else len(d) if free else _at_most(len(d), r.acceptance.limit(d.prior))
-                   for (d, is_forced), r in zip(drafts, self.active, strict=True)]  # fmt: skip
+        limited = self.proposer is not None and relative(1 + MAX_DRAFT) > 1.0
+        drafts = [self._next_drafts(r, limited) for r in self.active]
+        forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
+        offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
-        self._proposed = plan_drafts(forced, offered, rates, relative, [d.run for d, _ in drafts])
-        self._drafts = [d[: f + n] for (d, _), f, n in zip(drafts, forced, self._proposed, strict=True)]
+        planned = plan_drafts(forced, offered, rates, relative, [d.run for d, _ in drafts])
+        # the grammar prunes only what is planned (a proposal's tokens cost an accept each)
+        self._drafts = [d if is_forced else self._feedable(r, d[:n])
+                        for (d, is_forced), r, n in zip(drafts, self.active, planned, strict=True)]  # fmt: skip
+        self._proposed = [0 if is_forced else len(d) for d, (_, is_forced) in zip(self._drafts, drafts, strict=True)]
         width = 1 + max(len(d) for d in self._drafts)
         self._input_ids = torch.tensor(  # [b, width]: the last token, its drafts, padding
             [[r.output_ids[-1], *d] + [self.pad] * (width - 1 - len(d)) for r, d in zip(self.active, self._drafts,
@@ -469,14 +471,25 @@ class DecodeLoop:
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
 
-    def _next_drafts(self, r: InFlight) -> tuple[Drafts, bool]:
+    def _next_drafts(self, r: InFlight, limited: bool) -> tuple[Drafts, bool]:
         """:func:`~constrain.decode.drafts.next_drafts` of ``r``; where it raises, ``r`` fails (no drafts;
         it leaves the batch at the next step)."""
         try:
-            return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward)
+            return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward, limited=limited)
         except Exception as err:
             self._fail(r, err, "drafting")
             return Drafts(), False
+
+    def _feedable(self, r: InFlight, ids: list[int]) -> list[int]:
+        """:func:`~constrain.decode.drafts.feedable` of ``r``'s planned drafts; where it raises, ``r`` fails
+        (no drafts; it leaves the batch at the next step)."""
+        if not ids:
+            return []
+        try:
+            return feedable(r, ids)
+        except Exception as err:
+            self._fail(r, err, "drafting")
+            return []
 
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
@@ -484,11 +497,6 @@ class DecodeLoop:
         measured once per machine, up to the passes of one draft per row at least: past the knee the cost
         grows about linearly, as the last segment extrapolates)."""
         return (self.forward_cost or cost.forward_cost(self.handle.model, upto=2 * batch)).relative(batch, width)
-
-
-def _at_most(count: int, limit: int | None) -> int:
-    """``count``, capped at ``limit`` where there is one."""
-    return count if limit is None else min(count, limit)
 
 
 @contextlib.contextmanager
