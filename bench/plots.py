@@ -58,6 +58,13 @@ SHADES = ("#9ecae1", "#3182bd", "#08306b")
 Report = dict[str, Any]
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` at :data:`DPI` and close it; returns ``path``."""
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def machine_label(report: Report) -> str:
     """``AMD EPYC (family 26 model 2), 2 cores, AVX-512, 2026-11-25``: the CPU (and GPU) and the date of a run.
 
@@ -163,10 +170,7 @@ def plot_maskbench(report: Report, out: Path) -> list[Path]:
         ax.legend(title="percentile", loc="upper left", fontsize=8, ncols=len(keys))
         ax.set_title(maskbench_title(report, what), fontsize=10)
         fig.tight_layout()
-        path = out / f"maskbench_{metric.removesuffix('_us')}.png"
-        fig.savefig(path, dpi=DPI)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out / f"maskbench_{metric.removesuffix('_us')}.png"))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6), sharey=True)
     n = [summary[e]["schemas"] for e in engines]
@@ -192,10 +196,7 @@ def plot_maskbench(report: Report, out: Path) -> list[Path]:
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(maskbench_title(report, "correctness (the mask alone)"), fontsize=10)
     fig.tight_layout()
-    path = out / "maskbench_correctness.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, out / "maskbench_correctness.png"))
     return written
 
 
@@ -239,10 +240,7 @@ def plot_sampler(report: Report, out: Path) -> list[Path]:
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend below the panels
-    path = out / "sampler.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    written = [path]
+    written = [_save(fig, out / "sampler.png")]
 
     masks = report.get("bitmask", [])
     if masks:
@@ -265,10 +263,7 @@ def plot_sampler(report: Report, out: Path) -> list[Path]:
             fontsize=10,
         )
         fig.tight_layout()
-        path = out / "sampler_bitmask.png"
-        fig.savefig(path, dpi=DPI)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out / "sampler_bitmask.png"))
     return written
 
 
@@ -325,10 +320,7 @@ def plot_overhead(report: Report, out: Path) -> list[Path]:
         fontsize=10,
     )
     fig.tight_layout()
-    path = out / "overhead.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "overhead.png")]
 
 
 def system_color(name: str) -> str:
@@ -384,10 +376,7 @@ def plot_e2e(report: Report, out: Path) -> list[Path]:
             fontsize=10,
         )
         fig.tight_layout(rect=(0, 0.07, 1, 1))
-        path = out / f"e2e_{panel['decoding']}_b{panel['batch']}.png"
-        fig.savefig(path, dpi=DPI)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out / f"e2e_{panel['decoding']}_b{panel['batch']}.png"))
     return written
 
 
