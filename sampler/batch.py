@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from .metadata import WINDOW_MAX_K, Penalties, SamplingMetadata, check_bitmask
+from .metadata import WINDOW_MAX_K, Penalties, SamplingMetadata, check_bitmask, logprob_rows
 from .params import MAX_SEED, SamplingParams
 from .rng import row_keys
 
@@ -262,7 +262,6 @@ class SamplingBatch:
         on_device = index.to(self.device)  # [P]
         params = [r.request.params for r in rows]
         longs = functools.partial(torch.tensor, dtype=torch.int64, device=self.device)
-        wants = [p.logprobs for p in params if p.logprobs is not None]
         return SamplingMetadata(
             vocab_size=self.vocab_size,
             temperature=t.temperature[on_device],
@@ -277,13 +276,7 @@ class SamplingBatch:
             penalties=self._penalties(slots, on_device) if any(r.penalized for r in rows) else None,
             token_bitmask=bitmask,
             bitmask_rows=rows_tensor,
-            max_num_logprobs=max(wants) if wants else None,
-            processed_logprob_rows=longs(
-                [s for s, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "processed"]
-            ),
-            raw_logprob_rows=longs(
-                [s for s, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "raw"]
-            ),
+            **logprob_rows(params, self.device),
         )
 
     # -- when the rows change -------------------------------------------------------------------------
@@ -349,7 +342,6 @@ class SamplingBatch:
         params = [r.request.params for r in self._rows]
         floats = functools.partial(torch.tensor, dtype=torch.float32, device=device)
         longs = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-        wants = [p.logprobs for p in params if p.logprobs is not None]
         return _Rows(
             temperature=floats([p.temperature if not p.greedy else 1.0 for p in params]),
             top_k=longs([min(p.top_k, vocab) if p.top_k is not None else vocab for p in params]),
@@ -364,13 +356,7 @@ class SamplingBatch:
             window_rows=longs([i for i, r in enumerate(self._rows) if r.group == _WINDOW]),
             full_rows=longs([i for i, r in enumerate(self._rows) if r.group == _FULL]),
             logit_bias=_bias(params, device),
-            processed_logprob_rows=longs(
-                [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "processed"]
-            ),
-            raw_logprob_rows=longs(
-                [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "raw"]
-            ),
-            max_num_logprobs=max(wants) if wants else None,
+            **logprob_rows(params, device),
         )
 
     # -- every step -----------------------------------------------------------------------------------

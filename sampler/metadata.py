@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .params import MAX_SEED, SamplingParams
 from .rng import fresh_seeds, row_keys
 
-__all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata", "check_bitmask"]
+__all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata", "check_bitmask", "logprob_rows"]
 
 WINDOW_MAX_K = 128
 """Rows with ``top_k <= WINDOW_MAX_K`` are sampled inside their ``topk`` window.
@@ -175,7 +176,6 @@ class SamplingMetadata:
         if token_bitmask is not None:
             token_bitmask, rows_tensor = check_bitmask(token_bitmask, bitmask_rows, batch, vocab_size, device)
 
-        wants = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
             vocab_size=vocab_size,
             temperature=floats([p.temperature if not p.greedy else 1.0 for p in params]),
@@ -194,13 +194,7 @@ class SamplingMetadata:
             penalties=penalties,
             token_bitmask=token_bitmask,
             bitmask_rows=rows_tensor,
-            max_num_logprobs=max(wants) if wants else None,
-            processed_logprob_rows=longs(
-                [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "processed"]
-            ),
-            raw_logprob_rows=longs(
-                [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == "raw"]
-            ),
+            **logprob_rows(params, device),
         )
 
 
@@ -227,6 +221,22 @@ def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
         torch.tensor(ids, dtype=torch.int64, device=device).view(len(rows), width),
         torch.tensor(valid, dtype=torch.float32, device=device).view(len(rows), width),
     )
+
+
+def logprob_rows(params: Sequence[SamplingParams], device: torch.device | str) -> dict[str, Any]:
+    """The logprob fields of :class:`SamplingMetadata` for rows with ``params``: ``max_num_logprobs`` (None:
+    no row wants logprobs), and the rows that want ``"processed"`` and ``"raw"`` ones (``[p]``, ``[r]`` int64)."""
+    wants = [p.logprobs for p in params if p.logprobs is not None]
+
+    def rows(mode: str) -> torch.Tensor:
+        chosen = [i for i, p in enumerate(params) if p.logprobs is not None and p.logprobs_mode == mode]
+        return torch.tensor(chosen, dtype=torch.int64, device=device)
+
+    return {
+        "max_num_logprobs": max(wants) if wants else None,
+        "processed_logprob_rows": rows("processed"),
+        "raw_logprob_rows": rows("raw"),
+    }
 
 
 def check_bitmask(
