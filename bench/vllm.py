@@ -1,29 +1,35 @@
-"""constrain inside vLLM against vLLM's own structured outputs, on the same engine and the same requests.
+"""constrain inside vLLM against vLLM's own structured outputs, through vLLM's own OpenAI server.
 
 Runs in vLLM's environment (``make test-vllm`` builds ``.venv-vllm``): ``.venv-vllm/bin/python bench/vllm.py``.
-The packaged SmolLM2 is exported (``constrain.export_model``, float32) and served by ``vllm.LLM``, one
-engine per vLLM backend (``structured_outputs_config={"backend": ...}``: xgrammar, then guidance); on each
-engine one batch of requests, greedy, runs once per configuration:
+The packaged SmolLM2 is exported (``constrain.export_model``, float32) and served by
+``python -m vllm.entrypoints.openai.api_server``, started once per configuration, one at a time:
 
-- *constrain*: constrain's logits processor (its entry point), ``extra_args={"constrain": {"json_schema": ...}}``;
-- *vLLM <backend>*: ``SamplingParams(structured_outputs=StructuredOutputsParams(json=...))``.
+- *constrain backend*: ``CONSTRAIN_VLLM=1`` in the server's environment, requests with ``response_format``;
+- *vLLM xgrammar* / *vLLM guidance*: ``--structured-outputs-config`` naming vLLM's backend, the same requests;
+- *constrain processor*: the xgrammar server with ``--logits-processors``, constrain's arguments in
+  ``vllm_xargs`` instead of ``response_format``.
 
-The requests: ``--schemas`` MaskBench dev schemas (a seeded sample), each prompted "write a JSON
-instance of this schema"; a schema the backend refuses (vLLM then fails the whole batch) is left out
-of both runs on that engine. Prints output tokens/s (wall clock of ``LLM.generate`` for the batch, after
-one-token requests that compile every schema) and how many outputs are valid JSON instances of their
-schema (``jsonschema``, formats asserted) or were ended by ``max_tokens``, with constrain's tokens/s as a
-share of the backend's.
+The requests: ``--schemas`` MaskBench dev schemas (a seeded sample of those under 2,000 characters), each
+prompted "write a JSON instance of this schema", greedy, ``max_tokens``, sent with the ``openai`` client
+``--concurrency`` at a time; each configuration first sends every request once with ``max_tokens=1`` (so
+schemas compile before the timed run). A request the server refuses counts as refused, not valid.
+Prints output tokens/s (completion tokens over the wall clock of the timed run), valid outputs
+(``jsonschema``, formats asserted), outputs ended by ``max_tokens``, and each run's tokens/s as a share
+of vLLM xgrammar's.
 
-Usage: ``.venv-vllm/bin/python bench/vllm.py [--schemas 16] [--max-tokens 128]``
+Usage: ``.venv-vllm/bin/python bench/vllm.py [--schemas 16] [--max-tokens 128] [--concurrency 4]``
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
 import json
+import os
 import random
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +41,9 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 from bench.machine import machine_line  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "maskbench" / "dev.jsonl.gz"
-ENGINE = {"gpu_memory_utilization": 0.15, "max_model_len": 4096, "enforce_eager": True, "dtype": "float32"}
-BACKENDS = ("xgrammar", "guidance")
+SERVER = ["--served-model-name", "m", "--gpu-memory-utilization", "0.15", "--max-model-len", "4096",
+          "--enforce-eager", "--dtype", "float32"]  # fmt: skip
+PROCESSOR = "constrain.integrations.vllm:ConstrainLogitsProcessor"
 
 
 def schemas(count: int) -> list[dict[str, Any]]:
@@ -60,68 +67,108 @@ def valid(schema: dict[str, Any], text: str) -> bool:
         return False
 
 
+class Server:
+    """vLLM's OpenAI server on a free port, with ``args`` and ``env`` added; stopped on exit."""
+
+    def __init__(self, folder: Path, args: list[str], env: dict[str, str]) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                   "--port", str(self.port), *SERVER, *args]  # fmt: skip
+        self.log = open(folder.parent / f"vllm-{self.port}.log", "w")  # kept open while it runs
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+    def __enter__(self) -> str:
+        import openai
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+        for _ in range(300):
+            try:
+                client.models.list()
+                return f"http://127.0.0.1:{self.port}/v1"
+            except openai.APIConnectionError:
+                if self.process.poll() is not None:
+                    break
+                time.sleep(2)
+        self.process.kill()
+        sys.exit(f"vLLM's server did not start: see {self.log.name}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(60)
+        self.log.close()
+
+
+async def run(url: str, chosen: list[dict[str, Any]], style: str, max_tokens: int, concurrency: int) -> dict[str, Any]:
+    """Every request once (``max_tokens``), ``concurrency`` at a time: tokens, seconds, valid, cut, refused."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(schema: dict[str, Any], budget: int) -> tuple[int, bool, bool, bool]:
+        text = f"Write a JSON instance of this schema: {json.dumps(schema)}"
+        extra: dict[str, Any] = {}
+        if style == "processor":
+            extra["extra_body"] = {"vllm_xargs": {"constrain": json.dumps({"json_schema": schema})}}
+        else:
+            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+        async with gate:
+            try:
+                reply = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": text}], temperature=0, max_tokens=budget, **extra
+                )
+            except openai.APIStatusError:
+                return 0, False, False, True
+        choice = reply.choices[0]
+        tokens = reply.usage.completion_tokens if reply.usage else 0
+        return tokens, valid(schema, choice.message.content or ""), choice.finish_reason == "length", False
+
+    await asyncio.gather(*(one(s, 1) for s in chosen))  # compiles every schema
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(s, max_tokens) for s in chosen))
+    seconds = time.perf_counter() - start
+    return {
+        "tokens": sum(r[0] for r in results), "seconds": seconds, "valid": sum(r[1] for r in results),
+        "cut": sum(r[2] for r in results), "refused": sum(r[3] for r in results),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--schemas", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
 
-    from vllm import LLM, SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    import vllm
 
     import constrain
-    from constrain.integrations.vllm import EXTRA_ARGS_KEY
 
     print(machine_line())
     chosen = schemas(args.schemas)
-    folder = constrain.export_model("smollm2-135m-instruct", Path(tempfile.mkdtemp()), dtype="float32")
-    print(f"vLLM {__import__('vllm').__version__}, SmolLM2-135M float32, {len(chosen)} MaskBench schemas in one "
-          f"batch, greedy, max_tokens={args.max_tokens}\n")  # fmt: skip
-    print("| engine's backend | run | output tokens | s | tokens/s | valid outputs | ended by max_tokens "
-          "| constrain's tokens/s vs the backend's |")  # fmt: skip
+    folder = constrain.export_model("smollm2-135m-instruct", Path(tempfile.mkdtemp()) / "m", dtype="float32")
+    print(f"vLLM {vllm.__version__}'s OpenAI server, SmolLM2-135M float32, {len(chosen)} MaskBench schemas, greedy, "
+          f"max_tokens={args.max_tokens}, {args.concurrency} at a time\n")  # fmt: skip
+    print("| run | output tokens | s | tokens/s | valid outputs | ended by max_tokens | refused | vs vLLM xgrammar |")
     print("|---|---|---|---|---|---|---|---|")
-    for backend in BACKENDS:
-        llm = LLM(model=str(folder), seed=0, structured_outputs_config={"backend": backend}, **ENGINE)
-        tokenizer = llm.get_tokenizer()
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": f"Write a JSON instance of this schema: {json.dumps(s)}"}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for s in chosen
-        ]
-        runs = {
-            "constrain": [SamplingParams(temperature=0, max_tokens=args.max_tokens,
-                                         extra_args={EXTRA_ARGS_KEY: {"json_schema": s}}) for s in chosen],
-            f"vLLM {backend}": [SamplingParams(temperature=0, max_tokens=args.max_tokens,
-                                               structured_outputs=StructuredOutputsParams(json=s)) for s in chosen],
-        }  # fmt: skip
-        # the schemas this backend takes (it refuses a batch holding one it does not support); a request of
-        # one token each also compiles every schema before the timed runs
-        taken = []
-        for i, prompt in enumerate(prompts):
-            try:
-                for params in runs.values():
-                    one = params[i].clone()
-                    one.max_tokens = 1
-                    llm.generate([prompt], one, use_tqdm=False)
-                taken.append(i)
-            except Exception as err:
-                print(f"| {backend} | schema {i} refused | {type(err).__name__}: {str(err)[:100]} | | | | |")
-        rates = {}
-        for name, params in runs.items():
-            start = time.perf_counter()
-            outs = llm.generate([prompts[i] for i in taken], [params[i] for i in taken], use_tqdm=False)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            ok = sum(valid(chosen[i], o.outputs[0].text) for i, o in zip(taken, outs, strict=True))
-            cut = sum(o.outputs[0].finish_reason == "length" for o in outs)
-            rates[name] = tokens / seconds
-            share = f"{rates['constrain'] / rates[name]:.0%}" if name != "constrain" else ""
-            print(f"| {backend} | {name} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} | {ok} of {len(taken)} "
-                  f"| {cut} | {share} |", flush=True)  # fmt: skip
-        del llm
+    xgrammar = ["--structured-outputs-config", '{"backend": "xgrammar"}']
+    configurations = [
+        ("vLLM xgrammar", [*xgrammar, "--logits-processors", PROCESSOR], {}, ["response_format", "processor"]),
+        ("vLLM guidance", ["--structured-outputs-config", '{"backend": "guidance"}'], {}, ["response_format"]),
+        ("constrain backend", [], {"CONSTRAIN_VLLM": "1"}, ["response_format"]),
+    ]
+    base = None
+    for name, server_args, env, styles in configurations:
+        with Server(folder, server_args, env) as url:
+            for style in styles:
+                label = "constrain processor" if style == "processor" else name
+                r = asyncio.run(run(url, chosen, style, args.max_tokens, args.concurrency))
+                rate = r["tokens"] / r["seconds"]
+                base = rate if base is None else base
+                print(f"| {label} | {r['tokens']} | {r['seconds']:.1f} | {rate:.1f} | {r['valid']} of {len(chosen)} "
+                      f"| {r['cut']} | {r['refused']} | {rate / base:.0%} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -68,6 +68,32 @@ _LOCK = threading.Lock()
 register("backends.tokenizer_info", lambda: {"entries": sum(map(len, list(_CACHE.values()))), "maxsize": -1})
 
 
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids a Hugging Face tokenizer calls special (its special tokens, and its added tokens marked
+    ``special``): a detokenizer skips them, so no grammar may take their text as output."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()))
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(int(i) for i, token in added.items() if getattr(token, "special", False))
+    return frozenset(ids)
+
+
+def _without_special_text(info: xgr.TokenizerInfo, vocab: dict[str, int], special: frozenset[int]) -> xgr.TokenizerInfo:
+    """``info`` with the ``special`` ids made special for xgrammar too (an empty text: never allowed but
+    as a stop token). xgrammar's own detection takes a special token's name as text when it decodes
+    to it (SmolLM2's ``<|im_start|>``), so the mask would allow it inside a JSON string."""
+    missing = special - set(info.special_token_ids)
+    if not missing:
+        return info
+    encoded: list[str] = [""] * info.vocab_size
+    for token, token_id in vocab.items():
+        if token_id < info.vocab_size and token_id not in special:
+            encoded[token_id] = token
+    return xgr.TokenizerInfo(
+        encoded, info.vocab_type, vocab_size=info.vocab_size, stop_token_ids=list(info.stop_token_ids),
+        add_prefix_space=info.add_prefix_space,
+    )  # fmt: skip
+
+
 def tokenizer_info(
     tokenizer: Any,
     *,
@@ -102,11 +128,12 @@ def tokenizer_info(
         tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids) if eos_token_ids is not None else None
     )
     vocab = tokenizer.get_vocab()
+    info = _without_special_text(info, vocab, special_token_ids(tokenizer))
     digest = hashlib.sha256()
     digest.update(type(tokenizer).__name__.encode())
     for token, token_id in sorted(vocab.items(), key=lambda item: item[1]):
         digest.update(f"{token_id}\x00{token}\x01".encode("utf-8", "surrogatepass"))
-    digest.update(repr((info.vocab_size, info.stop_token_ids, info.vocab_type)).encode())
+    digest.update(repr((info.vocab_size, info.stop_token_ids, info.vocab_type, info.special_token_ids)).encode())
     eos = tuple(info.stop_token_ids)
     llg = None
     if getattr(tokenizer, "is_fast", False):

@@ -8,10 +8,11 @@ can give:
 - the constraint, EOS only where the grammar can end (the :class:`~constrain.match.matcher.Matcher`, value
   checks included);
 - termination within ``max_tokens``: the closing path (:func:`constrain.match.closing.completion`) is
-  re-estimated near the end (every step once the tokens left come down to twice its length plus
-  ``NEAR``); there, where at most :data:`VET_TOKENS` tokens are allowed, each is kept only if a closing
-  fits after it, and once the tokens left come down to its length plus :data:`SLACK` the mask allows
-  only its next token. Unlike the loop's :class:`~constrain.match.budget.Budget`, which vets the sampled
+  found again as the end nears (after as many tokens as half the gap between the tokens left and its
+  length plus :data:`SLACK`, so every step near the threshold); within twice its length plus ``NEAR``
+  of the end, where at most :data:`VET_TOKENS` tokens are allowed, each is kept only if a closing fits
+  after it; and once the tokens left come down to its length plus :data:`SLACK` the mask allows only its
+  next token. Unlike the loop's :class:`~constrain.match.budget.Budget`, which vets the sampled
   token, a mask cannot see it: where many tokens are allowed near the end, one that lengthens the
   closing path by more than ``SLACK`` tokens can still run the output past ``max_tokens``;
 - the repetition guard (:class:`~constrain.match.repetition.RepetitionGuard`) for JSON and tool constraints.
@@ -32,16 +33,19 @@ import torch
 
 from constrain.compiler.compiler import compile
 from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
-from constrain.decode.detokenizer import IncrementalDetokenizer
 from constrain.decode.request import GUARD_WINDOW
-from constrain.match.bitmask import clear_bits, set_bits
+from constrain.match.bitmask import clear_bits, count_allowed, set_bits
 from constrain.match.budget import NEAR, SEARCH_NODES
 from constrain.match.closing import completion
 from constrain.match.matcher import Matcher
 from constrain.match.repetition import RepetitionGuard
+from constrain.match.vocab import token_texts
 from constrain.tools.calling import tool_calling
 
-__all__ = ["CONSTRAINT_KEYS", "REFRESH_EVERY", "SLACK", "VET_TOKENS", "Guide", "GuideSpec", "allow_only", "guide_spec"]
+__all__ = [
+    "CONSTRAINT_KEYS", "SLACK", "TAILS_KEPT", "VET_TOKENS", "Guide", "GuideSpec", "allow_only",
+    "guide_spec",
+]  # fmt: skip
 
 CONSTRAINT_KEYS = ("json_schema", "regex", "grammar", "choices", "tools")
 """The keys that name a request's constraint: exactly one per request."""
@@ -56,8 +60,8 @@ SLACK = 16
 VET_TOKENS = 8
 """Near the end, where at most this many tokens are allowed, each is kept only if a closing fits after it."""
 
-REFRESH_EVERY = 8
-"""Far from the end, the closing path is found again every this many tokens."""
+TAILS_KEPT = 16
+"""The guard's text is kept after each of the last this many tokens: a longer rollback rebuilds it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,58 +149,107 @@ class Guide:
 
     ``tokenizer``: the model's Hugging Face tokenizer; ``vocab_size``: the logits' width (a padded
     vocabulary included); ``eos_token_ids``: the ids that end this request; ``max_tokens``: its output
-    budget. Compiling is cached and shared (:func:`constrain.compile`); raises what it raises
+    budget, of which ``used`` (default 0) were spent before the guide's first token (a reasoning
+    section). Compiling is cached and shared (:func:`constrain.compile`); raises what it raises
     (:class:`~constrain.errors.ConstraintError`). Not thread-safe: one request, one thread.
     """
 
     def __init__(
-        self, spec: GuideSpec, tokenizer: Any, *, vocab_size: int, eos_token_ids: Sequence[int], max_tokens: int
+        self,
+        spec: GuideSpec,
+        tokenizer: Any,
+        *,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        max_tokens: int,
+        used: int = 0,
     ) -> None:
         compiled = compile(spec.constraint, tokenizer, vocab_size=vocab_size, eos_token_ids=list(eos_token_ids))
         self.matcher: Matcher = compiled.matcher()
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.used = used
         self.close_in_budget = spec.close_in_budget
         constraint = spec.constraint
         json_text = isinstance(constraint, JsonSchema) or (isinstance(constraint, Grammar) and constraint.embedded)
         guarded = spec.repetition_guard and bool(json_text)  # JSON, or tool calls
         self.guard = RepetitionGuard(compiled.tokenizer) if guarded else None
+        self._texts = token_texts(compiled.tokenizer).texts  # per token id, its bytes
         self.eos = tuple(eos_token_ids)
         self.taken: list[int] = []  # the output tokens seen, in order
-        self._detok: IncrementalDetokenizer | None = None  # the guard's text, kept as the tokens come
-        self._text = ""  # the last GUARD_WINDOW characters of the output (where the guard is on)
+        self._tails: list[bytes] = [b""]  # the last GUARD_WINDOW bytes of the output after each of the last
+        # TAILS_KEPT tokens (where the guard is on): what a rollback restores
         self.failed = False  # a token the matcher refused was taken: only EOS is allowed from then on
         self._plan: list[int] | None = None  # the closing path from the matcher's state, when known
         self._estimate = 0  # the closing path's length when last found
+        self._found_at = -1  # how many tokens were taken when it was last looked for (-1: never)
+
+    def accept(self, token: int) -> bool:
+        """Take one output token: ``False`` (nothing changed) where the matcher refuses it. After EOS,
+        tokens are taken unchecked (an engine may run on past it)."""
+        token = int(token)
+        if not self.matcher.is_terminated():
+            if not self.matcher.accept_token(token):
+                return False
+            self._plan = self._plan[1:] if self._plan and self._plan[0] == token else None
+        self.taken.append(token)
+        if self.guard is not None:
+            text = self._texts[token] if token < len(self._texts) else b""
+            self._tails = [*self._tails[-TAILS_KEPT:], (self._tails[-1] + text)[-GUARD_WINDOW:]]
+        return True
+
+    def rollback(self, count: int) -> None:
+        """Undo the last ``count`` tokens taken (speculative decoding's drafts)."""
+        if count <= 0:
+            return
+        if count > len(self.taken) or self.failed:
+            raise ValueError(f"cannot roll back {count} of {len(self.taken)} tokens (failed: {self.failed})")
+        kept = self.taken[:-count]
+        accepted = self.matcher.num_accepted  # a prefix of ``taken``: tokens after an EOS never reached it
+        self.matcher.rollback(accepted - min(accepted, len(kept)))
+        self.taken, self._plan = kept, None
+        self._found_at = min(self._found_at, len(kept))
+        if self.guard is not None:
+            if count < len(self._tails):
+                self._tails = self._tails[:-count]
+            else:  # past what was kept: from the tokens (each at least one byte, so enough of them)
+                self._tails = [b"".join(self._texts[t] for t in kept[-GUARD_WINDOW:] if t < len(self._texts))]
+                self._tails[0] = self._tails[0][-GUARD_WINDOW:]
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Follow the engine's output so far (the whole of it, prompt excluded): accept the tokens not seen
-        yet. Where it is not an extension of what was seen (a beam reordered), start again from the top."""
+        yet. Where it is not an extension of what was seen (a beam reordered), start again from the top.
+        A token the matcher refuses leaves the guide :attr:`failed` (EOS only from then on)."""
         seen = len(self.taken)
         if len(output_ids) < seen or list(output_ids[:seen]) != self.taken:
             self.matcher.reset()
             self.taken, self.failed, self._plan, seen = [], False, None, 0
-            self._detok, self._text = None, ""
-        if self.guard is not None and self._detok is None:
-            self._detok = IncrementalDetokenizer(self.tokenizer)
+            self._found_at = -1
+            self._tails = [b""]
         for token in map(int, output_ids[seen:]):
             if token < 0:  # a placeholder for a token still being sampled (vLLM's async scheduling)
                 break
-            if self._detok is not None:
-                self._text = (self._text + self._detok.add(token))[-GUARD_WINDOW:]
-            if self.failed or self.matcher.is_terminated():
-                self.taken.append(token)
-                continue
-            if not self.matcher.accept_token(token):
+            if self.failed or not self.accept(token):
                 self.failed = True
-            self._plan = self._plan[1:] if self._plan and self._plan[0] == token else None
-            self.taken.append(token)
+                self.taken.append(token)
 
     @property
     def live(self) -> bool:
         """Whether the matcher fills this request's mask: no EOS taken, no token refused (else
         :meth:`restrict` alone writes it: EOS only)."""
         return not self.failed and not self.matcher.is_terminated()
+
+    def fill(
+        self,
+        # [B, ceil(V / 32)] int32 on the CPU; row ``index`` is overwritten
+        bitmask: torch.Tensor,
+        index: int,
+    ) -> None:
+        """The whole of this request's row: the matcher's exact mask (value checks included), narrowed by
+        :meth:`restrict`. Does not change the guide's state."""
+        if self.live:
+            self.matcher.fill_next_token_bitmask(bitmask, index)
+        self.restrict(bitmask[index])
 
     def restrict(
         self,
@@ -210,15 +263,15 @@ class Guide:
             allow_only(row, self.eos)
             return
         if self.close_in_budget:
-            remaining = self.max_tokens - len(self.taken)
-            plan = self._closing(remaining)
+            remaining = self.max_tokens - self.used - len(self.taken)
+            plan = self._closing(remaining, few=count_allowed(row) <= VET_TOKENS)
             if plan is not None and remaining <= 2 * len(plan) + NEAR:
                 self._vet(row, remaining)
             if plan is not None and (remaining <= len(plan) + SLACK or not row.any()):
                 allow_only(row, plan[:1] or self.eos)
                 return
         if self.guard is not None:
-            self.guard.apply(self._text, row)
+            self.guard.apply(self._tails[-1].decode("utf-8", "ignore"), row)
 
     def _vet(
         self,
@@ -245,19 +298,25 @@ class Guide:
             if after is None or len(after) > remaining - 1:
                 clear_bits(words, [token])
 
-    def _closing(self, remaining: int) -> list[int] | None:
-        """The closing path from here: kept while the output follows it; else found again near the end
-        (``remaining`` at most twice the last length plus ``NEAR``) and every :data:`REFRESH_EVERY` tokens
-        before (the greedy closing, then a search of ``SEARCH_NODES`` states); None when not looked for, or
+    def _closing(self, remaining: int, *, few: bool) -> list[int] | None:
+        """The closing path from here: kept while the output follows it; else found again (the greedy
+        closing, then a search of ``SEARCH_NODES`` states) when it may soon be forced, or may be vetted
+        against: once as many tokens were taken since it was last found as half the gap between the tokens
+        left and its last length plus ``SLACK``, and at every step where ``few`` tokens are allowed (at most
+        :data:`VET_TOKENS`) within twice its length plus ``NEAR`` of the end. None when not looked for, or
         not found."""
-        near = remaining <= 2 * self._estimate + NEAR
-        if self._plan is None and (near or len(self.taken) % REFRESH_EVERY == 0):
+        if self._plan is not None:
+            return self._plan
+        gap = remaining - self._estimate - SLACK
+        due = self._found_at < 0 or len(self.taken) - self._found_at >= max(1, gap // 2)
+        if due or (few and remaining <= 2 * self._estimate + NEAR):
             room = 2 * remaining + 64
             self._plan = completion(self.matcher, self._encode, max_tokens=room, max_nodes=0)
             if self._plan is None:
                 self._plan = completion(self.matcher, self._encode, max_tokens=room, max_nodes=SEARCH_NODES)
             if self._plan is not None:
                 self._estimate = len(self._plan)
+            self._found_at = len(self.taken)
         return self._plan
 
     def _encode(self, text: str) -> list[int]:

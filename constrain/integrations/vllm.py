@@ -41,11 +41,14 @@ from constrain.match.matcher import fill_next_token_bitmasks
 from constrain.models.loading import load_tokenizer
 from constrain.sampler.ops.bitmask import apply_token_bitmask_inplace
 
-__all__ = ["EXTRA_ARGS_KEY", "ConstrainLogitsProcessor"]
+__all__ = ["EXTRA_ARGS_KEY", "PROCESSOR", "ConstrainLogitsProcessor"]
 
 EXTRA_ARGS_KEY = "constrain"
 """The key of a request's ``SamplingParams.extra_args`` (the server's ``vllm_xargs``) that holds its
 constrain arguments."""
+
+PROCESSOR = "constrain.integrations.vllm:ConstrainLogitsProcessor"
+"""The processor as ``--logits-processors`` names it."""
 
 logger = logging.getLogger(__name__)
 

@@ -43,6 +43,7 @@ from constrain.constraints.constraint import EmbeddedJson
 from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
 from constrain.constraints.schema_refs import resolve_local
 from constrain.match.embedded import CallValues
+from constrain.match.numbers import NumberBounds, bounds_of, viable_under
 from constrain.match.values import Dnf, ValueState
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ValueChecks",
 ]
 
+_UNSET = object()
 TRUE: Dnf = frozenset({frozenset()})
 FALSE: Dnf = frozenset()
 MAX_ALTERNATIVES = 64
@@ -122,6 +124,7 @@ class ValueChecks:
         self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
         self._validators: dict[int, Any] = {}  # per subschema index, its validator (made on first use)
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
+        self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self.hits = 0  # of the children and verdicts memos
         self.misses = 0
         with _live_lock:
@@ -319,6 +322,35 @@ class ValueChecks:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
+
+    def number_checked(self, location: Dnf) -> bool:
+        """Whether a number at ``location`` is checked as it is written (:mod:`constrain.match.numbers`)."""
+        return self._number_alternatives(location) is not None
+
+    def number_viable(self, location: Dnf, text: bytes) -> bool:
+        """Whether the number prefix ``text`` (a scalar being written) can still end valid at ``location``
+        (:func:`~constrain.match.numbers.number_prefix_viable`). Memoized with the verdicts."""
+        alternatives = self._number_alternatives(location)
+        if alternatives is None:
+            return True
+        key = (location, True, (bytes, text))
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = viable_under(text.decode("ascii", "replace"), alternatives)
+            if len(self._verdicts) >= MEMO_ENTRIES:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _number_alternatives(self, location: Dnf) -> list[list[NumberBounds]] | None:
+        """Per alternative of ``location``, its subschemas' :class:`NumberBounds`; None where some
+        alternative asks nothing a number prefix could break (then none is checked)."""
+        found = self._numbers.get(location, _UNSET)
+        if found is _UNSET:
+            alternatives = [[b for i in alt if (b := bounds_of(self.nodes[i])) is not None] for alt in location]
+            found = None if not alternatives or not all(alternatives) else alternatives
+            self._numbers[location] = found
+        return found  # type: ignore[no-any-return]
 
     def _node_validator(self, index: int) -> Any:
         found = self._validators.get(index)

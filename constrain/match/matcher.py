@@ -26,6 +26,7 @@ from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.embedded import CallValues
 from constrain.match.keys import KeyState
 from constrain.match.values import DEAD_END, VIABLE, ValueState
+from constrain.match.vocab import token_texts
 
 __all__ = ["Compiled", "Matcher", "fill_next_token_bitmasks"]
 
@@ -125,6 +126,7 @@ class Matcher:
         )
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) whose token was taken at a dead end
         self._eos = compiled.tokenizer.eos_token_ids
+        self._special = token_texts(compiled.tokenizer).special.difference(self._eos)  # never output text
         self.searching = False  # a search's fork: no look-ahead, and nothing allowed at a dead end (see the class)
 
     def fill_next_token_bitmask(
@@ -234,6 +236,8 @@ class Matcher:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would
         complete a duplicate key, or a value the schema forbids (unless this step is a dead end)."""
         token_id = int(token_id)
+        if token_id in self._special:  # the engine would refuse it too, with a warning on stderr
+            return False
         keys = values = None
         stuck = False  # a dead end (see the class): the value is taken as it comes
         if token_id < self.compiled.vocab_size:  # an id past the tokenizer's (padding) holds no text
@@ -393,6 +397,7 @@ class Matcher:
         twin._values = self._values
         twin.dead_ends = list(self.dead_ends)
         twin._eos = self._eos
+        twin._special = self._special
         twin.searching = self.searching if search is None else search
         return twin
 

@@ -71,6 +71,10 @@ class Checks(Protocol):
 
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool: ...
 
+    def number_viable(self, location: Dnf, text: bytes) -> bool: ...
+
+    def number_checked(self, location: Dnf) -> bool: ...
+
 
 # -- the scanner ------------------------------------------------------------------------------
 # modes, as in constrain.match.keys
@@ -238,6 +242,8 @@ class ValueState:
                 mode = _VALUE
             elif mode == _VALUE:
                 mode, text = _SCALAR, bytes((byte,))
+        if strict and mode == _SCALAR and not self.checks.number_viable(self._location(stack), text):
+            raise _Violation  # a number no digit can make valid (multipleOf): refused as it is written
         return ValueState(self.checks, self.vocab, mode, stack, text)
 
     # -- masking ----------------------------------------------------------------------------
@@ -256,12 +262,16 @@ class ValueState:
                 found = None
             elif self.mode in (_IN_STRING, _STRING_ESCAPE):  # completes the string; then only a closer goes on
                 found = vocab.quote if here else vocab.quote_closer
-            elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer
-                found = vocab.spaced if here else vocab.closer
+            elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer, or (a number)
+                found = vocab.spaced if here else vocab.closer  # makes it one no digit can make valid
+                if here and checks.number_checked(self._location(stack)):
+                    found = np.union1d(found, vocab.numeric)
             elif self.mode in (_IN_KEY, _KEY_ESCAPE):  # completes the key (checked as its object grows), then a value
                 found = vocab.quote if stack and checks.grows_checked(stack[-1].location) else vocab.key_end
             else:
                 found = vocab.value_end
+                if here and self.mode == _VALUE and checks.number_checked(self._location(stack)):
+                    found = np.union1d(found, vocab.numeric)
             self._memo["candidates"] = found, here
         return self._memo["candidates"]  # type: ignore[no-any-return]
 

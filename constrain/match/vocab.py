@@ -160,6 +160,7 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
 
 _CLOSERS = frozenset(b",]}")
 _WHITESPACE = frozenset(b" \t\n\r")
+_NUMBER_STARTS = frozenset(bytes((c,)) for c in b"-.0123456789")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +175,7 @@ class ValueVocab:
     key_end: np.ndarray  # [k] int64: ``value_end`` with a '"' (in a key: close it, then complete a value)
     closer: np.ndarray  # [c] int64: ids holding ',', ']' or '}'
     spaced: np.ndarray  # [s] int64: ``value_end`` or any whitespace (in a scalar: end it)
+    numeric: np.ndarray  # [n] int64: a '-', '.' or digit first, after any whitespace (start or extend a number)
 
 
 @bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT)
@@ -198,4 +200,5 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
         key_end=ids(lambda t: b'"' in t and value_end(t)),
         closer=ids(closes),
         spaced=ids(lambda t: value_end(t) or any(c in _WHITESPACE for c in t)),
+        numeric=ids(lambda t: t.lstrip(b" \t\n\r")[:1] in _NUMBER_STARTS),
     )

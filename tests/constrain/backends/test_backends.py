@@ -72,3 +72,24 @@ def test_both_engines_allow_the_text_and_fill_in_one_call(smol_tokenizer) -> Non
             assert torch.equal(batched[0], batched[2]) and bool((batched[1] == -1).all()), "only the rows named"
             allowed = set(allowed_ids(batched[2]))
             assert tokens[step] in allowed and bad not in allowed, (grammar.engine, step)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_special_tokens_are_never_output_text(smol_tokenizer, engine):
+    """SmolLM2 names its special tokens as text (``<|im_start|>``), and xgrammar took them for text: a JSON
+    string allowed them, and a detokenizer that skips special tokens then printed something else than
+    the grammar read. Only the EOS ids stay allowed, and only where the output can end."""
+    import constrain
+    from constrain.backends.tokenizer import special_token_ids
+
+    special = special_token_ids(smol_tokenizer)
+    assert {0, 1, 2, 3, 16} <= special
+    compiled = constrain.compile(constrain.json_schema({"type": "string"}), smol_tokenizer, engine=engine)
+    matcher = compiled.matcher()
+    assert matcher.accept_string('"abc')
+    row = allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(row, 0)
+    allowed = set(allowed_ids(row[0].numpy()).tolist())
+    assert len(allowed) > 1000 and not allowed & special
+    assert not matcher.accept_token(1) and not matcher.accept_token(0)
+    assert matcher.accept_string('"') and matcher.accept_token(2) and matcher.is_terminated()
