@@ -33,7 +33,6 @@ to vLLM's xgrammar backend, with a log line.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import json
 import logging
@@ -44,6 +43,7 @@ from typing import Any
 
 import torch
 
+from constrain.caches import bounded
 from constrain.constraints.constraint import choice, grammar, json_object, json_schema, regex
 from constrain.errors import ConstraintError
 from constrain.integrations.guide import Guide, GuideSpec, guide_spec
@@ -261,7 +261,7 @@ class ConstrainBackend:
             self.fallback.destroy()
 
 
-@functools.lru_cache(maxsize=4)
+@bounded("integrations.vllm_backend.tokenizers", maxsize=4)
 def hf_tokenizer(path: str) -> Any:
     """The model's Hugging Face tokenizer, loaded once per process: constrain's compile cache and its
     tokenizer tables are kept per tokenizer object, so one object serves every request."""
