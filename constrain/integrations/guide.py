@@ -212,9 +212,9 @@ class Guide:
         if self.guard is not None:
             if count < len(self._tails):
                 self._tails = self._tails[:-count]
-            else:  # past what was kept: from the tokens (each at least one byte, so enough of them)
-                self._tails = [b"".join(self._texts[t] for t in kept[-GUARD_WINDOW:] if t < len(self._texts))]
-                self._tails[0] = self._tails[0][-GUARD_WINDOW:]
+            else:  # past what was kept: from the tokens (most hold a byte or more: enough of them)
+                tail = b"".join(self._texts[t] for t in kept[-GUARD_WINDOW:] if t < len(self._texts))
+                self._tails = [tail[-GUARD_WINDOW:]]
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Follow the engine's output so far (the whole of it, prompt excluded): accept the tokens not seen
