@@ -160,7 +160,7 @@ def greedy_closing(
     priority = [chars[c] for c in PRIORITY if c in chars]
     moves = [[t] for t in priority[:1]] + hints + [[t] for t in priority[1:]]  # a string's closing quote first
     probe, out = matcher.fork(), list[int]()
-    streak = 0
+    streak, last = 0, list[int]()  # tokens of the last move repeated in a row, and that move
     stuck: set[Signature] = set()  # loops no character leads out of
     taken: dict[Signature, int] = {}  # where escapes from loops led, how often
     escapes = 0
@@ -190,7 +190,10 @@ def greedy_closing(
             pick, tries = _first_move(probe, [[token] for token in by_char], bitmask, tries)
         if pick is None:
             return None
-        streak = streak + 1 if out and pick == out[-1:] else 1
+        # the same move again: count its tokens (a hint taken over and over inside a free string, the
+        # ``aaaaaaaa-aaaa-...`` of a UUID in a pattern's group, is a loop as much as one character is)
+        streak = streak + len(pick) if pick == last else len(pick)
+        last = pick
         out += pick
     return None
 

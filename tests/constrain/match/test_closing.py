@@ -481,3 +481,31 @@ def test_default_model_does_not_loop_on_an_unbounded_array(smollm2):
     control = generate(handle, prompt, schema=schema, max_tokens=120, temperature=0, repetition_guard=False,
                        close_in_budget=False)  # fmt: skip
     assert not control.valid and control.finish_reason == "length"  # what every peer returns
+
+
+def test_a_hint_taken_again_and_again_is_a_loop_the_greedy_closing_leaves(smol_tokenizer):
+    """A UUID pattern's example (``aaaaaaaa-aaaa``) fits inside another string's ``[a-z0-9-]+`` group: the
+    greedy closing took it over and over until its length limit and found no closing, so vLLM's mask
+    never forced one and the output ran to ``max_tokens``. Repeating one multi-token move is a loop too."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "pattern": "^p:([a-z0-9-]+):([0-9]+-[0-9]+-[0-9]+)$"},
+            "u": {"type": "string", "pattern": "^[a-f0-9]{8}-[a-f0-9]{4}$"},
+        },
+        "required": ["s"],
+        "additionalProperties": False,
+    }
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"s": "p:app')
+
+    def encode(text: str) -> list[int]:
+        return list(smol_tokenizer.encode(text, add_special_tokens=False))
+
+    path = completion(matcher, encode, max_tokens=120, max_nodes=0)
+    assert path is not None
+    probe = matcher.fork()
+    assert probe.accept_tokens(path) == len(path) and probe.is_completed()
+    text = '{"s": "p:app' + smol_tokenizer.decode(path)
+    jsonschema.validate(json.loads(text), schema)
