@@ -81,9 +81,7 @@ BEYOND_GRAMMAR = frozenset(
 """Keywords checked wherever they appear (the grammar enforces them loosely, or not at all)."""
 
 MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
-"""Keywords an open container can already break: no item written later repairs them. So can
-``additionalProperties: false``, checked as the ``propertyNames`` it implies (the keys ``properties``
-names or a ``patternProperties`` pattern matches)."""
+"""Keywords an open container can already break: no item written later repairs them."""
 
 
 def _and(left: Dnf, right: Dnf) -> Dnf:
@@ -381,12 +379,6 @@ class ValueChecks:
             kept["minContains"] = 0
         if kept.get("uniqueItems") is False:
             del kept["uniqueItems"]
-        if node.get("additionalProperties") is False:  # a key no other keyword admits is never repaired
-            properties, patterns = node.get("properties"), node.get("patternProperties")
-            names: list[Any] = [{"enum": list(properties)}] if isinstance(properties, dict) and properties else []
-            names += [{"pattern": pattern} for pattern in patterns] if isinstance(patterns, dict) else []
-            closed = {"anyOf": names} if names else False
-            kept["propertyNames"] = {"allOf": [kept["propertyNames"], closed]} if "propertyNames" in kept else closed
         if set(kept) <= {"type"}:
             return None
         return self.validator.evolve(schema=kept)
