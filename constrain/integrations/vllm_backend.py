@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from constrain.caches import bounded
+from constrain.compiler.compiler import compile
 from constrain.constraints.constraint import choice, grammar, json_object, json_schema, regex
 from constrain.errors import ConstraintError
 from constrain.integrations.guide import Guide, GuideSpec, guide_spec
@@ -401,7 +402,7 @@ def _validate_structured_outputs(
         spec = request_spec(request_type, text, compact=compact)
         if spec is not None:  # compiled here too, so what fails to compile is refused now (then cached)
             hf = hf_tokenizer(str(model_config.tokenizer))
-            Guide(spec, hf, vocab_size=model_config.get_vocab_size(), eos_token_ids=_eos_ids(hf), max_tokens=1 << 30)
+            compile(spec.constraint, hf, vocab_size=model_config.get_vocab_size(), eos_token_ids=list(_eos_ids(hf)))
     except (ConstraintError, ValueError) as err:
         raise VLLMValidationError(f"{type(err).__name__}: {err}", parameter=parameter) from err
     if spec is None:  # to vLLM's xgrammar backend: its checks

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["NumberBounds", "number_prefix_viable"]
+__all__ = ["NumberBounds", "bounds_of", "number_prefix_viable", "viable_under"]
 
 _PREFIX = re.compile(r"(-?)(0|[1-9][0-9]*)?(?:(\.)([0-9]*))?")
 _MAX_SCALES = 400

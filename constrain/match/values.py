@@ -82,6 +82,7 @@ _VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR,
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _WHITESPACE = frozenset(b" \t\n\r")
 _CLOSERS = frozenset(b",]}")
+_NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
 _WHITESPACE_RUN = regex.compile(rb"[ \t\n\r]+")
 _STRING_SPECIAL = regex.compile(rb'["\\]')
 
@@ -242,7 +243,12 @@ class ValueState:
                 mode = _VALUE
             elif mode == _VALUE:
                 mode, text = _SCALAR, bytes((byte,))
-        if strict and mode == _SCALAR and not self.checks.number_viable(self._location(stack), text):
+        if (
+            strict
+            and mode == _SCALAR
+            and text[:1] in _NUMBER_START
+            and not self.checks.number_viable(self._location(stack), text)
+        ):
             raise _Violation  # a number no digit can make valid (multipleOf): refused as it is written
         return ValueState(self.checks, self.vocab, mode, stack, text)
 

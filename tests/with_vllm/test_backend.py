@@ -202,6 +202,12 @@ def _messages(text: str) -> list[Any]:
     return [{"role": "user", "content": text}]
 
 
+def _reply(client: openai.OpenAI, prompt: str, response_format: Any, **sampling: Any) -> Any:
+    return client.chat.completions.create(
+        model="smollm2", messages=_messages(prompt), response_format=response_format, **sampling
+    )
+
+
 def test_openai_parse_and_json_object(server: str) -> None:
     client = openai.OpenAI(base_url=server, api_key="none")
     reply = client.chat.completions.parse(
@@ -223,14 +229,7 @@ def test_a_schema_vllms_backends_refuse_is_served_and_a_bad_one_is_a_400(server:
     schema = BASKET  # uniqueItems: vLLM's guidance refuses it; multipleOf 0.25: xgrammar ignores it
     basket = {"type": "json_schema", "json_schema": {"name": "basket", "schema": schema}}
     for seed in range(3):
-        reply = client.chat.completions.create(
-            model="smollm2",
-            messages=_messages("Fill a fruit basket."),
-            response_format=basket,
-            temperature=1.0,
-            seed=seed,
-            max_tokens=80,
-        )
+        reply = _reply(client, "Fill a fruit basket.", basket, temperature=1.0, seed=seed, max_tokens=80)
         assert valid(schema, reply.choices[0].message.content or ""), reply.choices[0].message.content
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": {"minimum": "no"}}}}}
     with pytest.raises(openai.BadRequestError, match="/properties/a/minimum"):
@@ -242,13 +241,7 @@ def test_max_tokens_is_never_overrun(server: str) -> None:
     client = openai.OpenAI(base_url=server, api_key="none")
     six = {"type": "json_schema", "json_schema": {"name": "six", "schema": SIX}}
     for budget in (26, 40):
-        reply = client.chat.completions.create(
-            model="smollm2",
-            messages=_messages("List six things."),
-            response_format=six,
-            temperature=0,
-            max_tokens=budget,
-        )
+        reply = _reply(client, "List six things.", six, temperature=0, max_tokens=budget)
         assert reply.usage is not None and reply.usage.completion_tokens <= budget
         assert reply.choices[0].finish_reason == "stop" and valid(SIX, reply.choices[0].message.content or "")
 
