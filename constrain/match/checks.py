@@ -80,6 +80,21 @@ BEYOND_GRAMMAR = frozenset(
 )  # fmt: skip
 """Keywords checked wherever they appear (the grammar enforces them loosely, or not at all)."""
 
+_READ_TOGETHER = (
+    frozenset({"if", "then", "else"}),
+    frozenset({"contains", "minContains", "maxContains"}),
+    frozenset({"properties", "patternProperties", "additionalProperties"}),
+    frozenset({"prefixItems", "items", "additionalItems"}),
+)
+"""Keywords one of which is read with the others (``additionalProperties`` applies to the keys neither
+``properties`` nor ``patternProperties`` names)."""
+
+_READ_WITH_ALL = frozenset({"unevaluatedProperties", "unevaluatedItems"})
+"""Keywords read with every applicator of their subschema: where one is beyond the grammar, all of it is checked."""
+
+_BASE_KEYWORDS = frozenset({"$id", "$anchor", "$dynamicAnchor", "$schema", "id"})
+"""Keywords kept in a subschema's loose part for the references inside it to resolve as in the whole."""
+
 MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
 """Keywords an open container can already break: no item written later repairs them."""
 
@@ -118,13 +133,16 @@ class ValueChecks:
         self.legacy = "prefixItems" not in validator.VALIDATORS  # draft 7 and before: tuple ``items``
         self.nodes: list[Any] = []  # subschemas by index
         self._index: dict[int, int] = {}
-        checked = {e.pointer for e in coverage if e.status in ("checked", "approximated")}
+        checked = {(e.pointer, e.keyword) for e in coverage if e.status in ("checked", "approximated")}
+        self._loose: dict[int, set[str] | None] = {}  # per own subschema, its keywords beyond the grammar (None: all)
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
         self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
-        self._validators: dict[int, Any] = {}  # per subschema index, its validator (made on first use)
+        self._validators: dict[tuple[int, bool], Any] = {}  # per subschema index and ``loose``: its validator
+        self._members: dict[tuple[int, str], Dnf] = {}  # per subschema index and declared property, its location
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
+        self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
         self.hits = 0  # of the children and verdicts memos
         self.misses = 0
         with _live_lock:
@@ -155,22 +173,30 @@ class ValueChecks:
         except LookupError:
             return None
 
-    def _find_needing(self, checked: set[str], everywhere: set[str]) -> frozenset[int]:
-        """The subschemas under which some keyword is beyond the grammar (themselves included)."""
+    def _find_needing(self, checked: set[tuple[str, str]], everywhere: set[str]) -> frozenset[int]:
+        """The subschemas under which some keyword is beyond the grammar (themselves included). Records,
+        per subschema that holds one itself (``_own``), which keywords those are (``_loose``)."""
         edges: dict[int, list[int]] = {}
-        own: set[int] = set()
         stack: list[Any] = [self.root]
         while stack:
             node = stack.pop()
             if not isinstance(node, dict) or (index := self._loc(node)) in edges:
                 continue
-            if self._beyond(node) or any(key in node for key in everywhere):
-                own.add(index)
+            loose = self._beyond(node) | {key for key in everywhere if key in node}
+            if loose:
+                self._loose[index] = loose
             subs = [*_subschemas(node), self._target(node)]
             edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
             stack += subs
-        own |= {self._loc(node) for node in map(self._deepest, checked) if isinstance(node, dict)}
-        self._own = frozenset(own)
+        for pointer, keyword in checked:
+            node, exact = self._deepest(pointer)
+            if not isinstance(node, dict):
+                continue
+            index, known = self._loc(node), self._loose.get(index, set())
+            # a keyword of that very subschema; else (a place the preparer made): all of it is checked
+            self._loose[index] = None if known is None or not exact or keyword not in node else known | {keyword}
+        own = frozenset(self._loose)
+        self._own = own
         needing, frontier = set(own), list(own)
         parents: dict[int, list[int]] = {}
         for parent, children in edges.items():
@@ -183,10 +209,11 @@ class ValueChecks:
                     frontier.append(parent)
         return frozenset(needing)
 
-    def _deepest(self, pointer: str) -> Any:
-        """The deepest subschema of the document on ``pointer``'s path: a coverage pointer may name a
-        place the preparer made (inside merged ``allOf`` branches), checked from the node that holds it."""
-        node, found = self.root, self.root
+    def _deepest(self, pointer: str) -> tuple[Any, bool]:
+        """The deepest subschema of the document on ``pointer``'s path, and whether it is the one the
+        pointer names: a coverage pointer may name a place the preparer made (inside merged ``allOf``
+        branches), checked from the node that holds it."""
+        node, found, exact = self.root, self.root, True
         for raw in pointer.split("/")[1:]:
             part = raw.replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and part in node:
@@ -194,20 +221,23 @@ class ValueChecks:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
+                exact = False
                 break
             if isinstance(node, dict):
                 found = node
-        return found
+        return found, exact and found is node
 
     @staticmethod
-    def _beyond(node: dict[str, Any]) -> bool:
-        if any(key in node for key in BEYOND_GRAMMAR if node.get(key) is not False):
-            return True
+    def _beyond(node: dict[str, Any]) -> set[str]:
+        """The keywords of ``node`` beyond the grammar wherever they appear."""
+        found = {key for key in BEYOND_GRAMMAR if key in node and node[key] is not False}
         required, described = node.get("required"), node.get("properties")
         if isinstance(required, list) and not set(required) <= set(described if isinstance(described, dict) else ()):
-            return True  # a required key the properties do not describe: the engines may let it be skipped
+            found.add("required")  # a required key the properties do not describe: the engines may let it be skipped
         step = node.get("multipleOf")
-        return step is not None and not (isinstance(step, int) and node.get("type") == "integer")
+        if step is not None and not (isinstance(step, int) and node.get("type") == "integer"):
+            found.add("multipleOf")
+        return found
 
     # -- locations --------------------------------------------------------------------------
     @functools.cached_property
@@ -291,30 +321,63 @@ class ValueChecks:
 
     # -- checks -----------------------------------------------------------------------------
     def needs(self, location: Dnf) -> bool:
-        """Whether a value at ``location`` must be checked (the grammar alone is not exact there)."""
-        return any(index in self._needing for alternative in location for index in alternative)
+        """Whether the grammar alone is not exact at ``location`` (there or below)."""
+        return self._flags(location)[0]
+
+    def must_check(self, location: Dnf) -> bool:
+        """Whether a value completed at ``location`` is checked: the grammar is not exact there, and either
+        a subschema there holds a keyword beyond it, or alternatives are to be told apart. (Where the
+        grammar is loose only below, the values below were checked as they completed.)"""
+        flags = self._flags(location)
+        return flags[0] and (flags[1] or len(location) > 1)
 
     def has_own(self, location: Dnf) -> bool:
         """Whether a subschema at ``location`` holds a keyword beyond the grammar itself (not only below)."""
-        return any(index in self._own for alternative in location for index in alternative)
+        return self._flags(location)[1]
 
     def grows_checked(self, location: Dnf) -> bool:
         """Whether an open container at ``location`` is checked as it grows."""
-        return any(self._prefix(index) is not None for alternative in location for index in alternative)
+        return self._flags(location)[2]
 
-    def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
+    def _flags(self, location: Dnf) -> tuple[bool, bool, bool]:
+        """``needs``, ``has_own`` and ``grows_checked`` of ``location``, worked out once (the scanner asks
+        them of every open container at every step)."""
+        found = self._location_flags.get(location)
+        if found is None:
+            indices = {index for alternative in location for index in alternative}
+            found = (
+                not indices.isdisjoint(self._needing),
+                not indices.isdisjoint(self._own),
+                any(self._prefix(index) is not None for index in indices),
+            )
+            if len(self._location_flags) >= MEMO_ENTRIES:
+                self._location_flags.clear()
+            self._location_flags[location] = found
+        return found
+
+    def accepts(self, location: Dnf, value: Any, *, prefix: bool = False, whole: bool = False) -> bool:
         """Whether ``value`` may stand at ``location`` (every subschema of some alternative holds); with
         ``prefix``, whether the open container ``value`` (its completed items or members) may still grow
-        into one. Memoized per value (up to :data:`MEMO_KEY_CHARS` characters)."""
+        into one. Memoized per value (up to :data:`MEMO_KEY_CHARS` characters).
+
+        Where ``location`` has one alternative, each subschema is checked for its keywords beyond the
+        grammar alone (``_loose``): the grammar wrote the value, and checked what is below as it
+        completed. ``whole``: every keyword (a value the grammar wrote by another path: an open object's
+        extra key that a declared key took)."""
         scalar = value is None or isinstance(value, (str, int, float))
         as_key = (type(value), value) if scalar else json.dumps(value, sort_keys=True)
-        key = (location, prefix, as_key)
+        key = (location, 2 * prefix + whole, as_key)
         verdict = self._verdicts.get(key)
         if verdict is not None:
             self.hits += 1
             return verdict
         self.misses += 1
-        valid = self._prefix_valid if prefix else self._valid
+        if prefix:
+            valid = self._prefix_valid
+        elif whole or len(location) > 1:
+            valid = self._valid
+        else:
+            valid = self._loose_valid
         verdict = any(all(valid(index, value) for index in alternative) for alternative in location)
         chars = len(value) if isinstance(value, str) else 0 if scalar else len(as_key)
         if chars <= MEMO_KEY_CHARS:
@@ -352,13 +415,58 @@ class ValueChecks:
             self._numbers[location] = found
         return found  # type: ignore[no-any-return]
 
-    def _node_validator(self, index: int) -> Any:
-        found = self._validators.get(index)
+    def _node_validator(self, index: int, loose: bool = False) -> Any:
+        """Subschema ``index``'s validator: all its keywords, or (``loose``) those beyond the grammar with
+        the keywords they are read with (None where that is none: the grammar is exact there)."""
+        found = self._validators.get((index, loose), _UNSET)
+        if found is _UNSET:
+            kept = self._loose_schema(index) if loose else self.nodes[index]
+            found = None if kept is None else self.validator.evolve(schema=kept)
+            self._validators[index, loose] = found
+        return found
+
+    def _loose_schema(self, index: int) -> dict[str, Any] | None:
+        """The part of subschema ``index`` the grammar does not enforce: its ``_loose`` keywords and those
+        they are read with (``then`` beside ``if``...); the whole subschema where that cannot be told."""
+        node, loose = self.nodes[index], self._loose.get(index, set())
+        if loose is None or loose & _READ_WITH_ALL:
+            return node
+        kept = set(loose) - {"properties"}  # the declared members: checked whole, each (``_loose_valid``)
+        for group in _READ_TOGETHER:
+            if kept & group:
+                kept |= group
+        kept = {key for key in kept | _BASE_KEYWORDS if key in node}
+        return {key: node[key] for key in kept} if kept - _BASE_KEYWORDS else None
+
+    def _loose_valid(self, index: int, value: Any) -> bool:
+        """Whether ``value`` holds the keywords of subschema ``index`` beyond the grammar; the members of an
+        object under a declared key are checked whole where the schema-wide looseness of open objects
+        applies (a declared key written as an extra key took the extra keys' schema)."""
+        validator = self._node_validator(index, loose=True)
+        try:
+            if validator is not None and not validator.is_valid(value):
+                return False
+        except Exception:  # a reference that does not resolve offline: cannot check, never refuse
+            return True
+        loose, node = self._loose.get(index), self.nodes[index]
+        if loose is None or "properties" not in loose or not isinstance(value, dict):
+            return True
+        declared = node.get("properties")
+        return not isinstance(declared, dict) or all(
+            self.accepts(self._member_location(index, name), member, whole=True)
+            for name, member in value.items()
+            if name in declared
+        )
+
+    def _member_location(self, index: int, name: str) -> Dnf:
+        """The location of subschema ``index``'s declared property ``name``."""
+        found = self._members.get((index, name))
         if found is None:
-            found = self._validators[index] = self.validator.evolve(schema=self.nodes[index])
+            found = self._members[index, name] = self.expand(self.nodes[index]["properties"][name])
         return found
 
     def _valid(self, index: int, value: Any) -> bool:
+        """Whether ``value`` holds every keyword of subschema ``index``."""
         try:
             return bool(self._node_validator(index).is_valid(value))
         except Exception:  # a reference that does not resolve offline: cannot check, never refuse

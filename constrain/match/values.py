@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,6 +65,8 @@ class Checks(Protocol):
 
     def needs(self, location: Dnf) -> bool: ...
 
+    def must_check(self, location: Dnf) -> bool: ...
+
     def has_own(self, location: Dnf) -> bool: ...
 
     def grows_checked(self, location: Dnf) -> bool: ...
@@ -79,6 +81,7 @@ class Checks(Protocol):
 # -- the scanner ------------------------------------------------------------------------------
 # modes, as in constrain.match.keys
 _VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
+_OUTSIDE = (_VALUE, _KEY, _COLON, _AFTER)  # outside strings and scalars
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _WHITESPACE = frozenset(b" \t\n\r")
 _CLOSERS = frozenset(b",]}")
@@ -174,14 +177,14 @@ class ValueState:
         checks = self.checks
         if strict:
             location = self._location(stack)
-            if checks.needs(location) and not checks.accepts(location, value):
+            if checks.must_check(location) and not checks.accepts(location, value):
                 raise _Violation
         if not stack:
             return stack
         top = stack[-1]
         if top.is_object and top.key is None:
             return stack  # a value where a key belongs: not JSON, and the grammar refuses it
-        grown = replace(top, items=(*top.items, (top.key, value) if top.is_object else value), key=None)
+        grown = _Frame(top.location, top.is_object, (*top.items, (top.key, value) if top.is_object else value))
         if (
             strict
             and checks.grows_checked(top.location)
@@ -197,7 +200,7 @@ class ValueState:
         if strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
-        return (*stack[:-1], replace(top, key=key))
+        return (*stack[:-1], _Frame(top.location, top.is_object, top.items, key))
 
     def _scan(self, data: bytes, strict: bool) -> ValueState:
         mode, stack, text = self.mode, self.stack, self.text
@@ -259,9 +262,9 @@ class ValueState:
         is checked itself (its own location, or its container as it grows)."""
         if "candidates" not in self._memo:
             checks, stack, vocab = self.checks, self.stack, self.vocab
-            outer = any(checks.needs(f.location) or checks.grows_checked(f.location) for f in stack)
+            outer = any(checks.must_check(f.location) or checks.grows_checked(f.location) for f in stack)
             here = self.mode in (_VALUE, _IN_STRING, _STRING_ESCAPE, _SCALAR) and (
-                checks.needs(self._location(stack)) or bool(stack and checks.grows_checked(stack[-1].location))
+                checks.must_check(self._location(stack)) or bool(stack and checks.grows_checked(stack[-1].location))
             )
             found: np.ndarray | None
             if not (outer or here):
@@ -271,13 +274,13 @@ class ValueState:
             elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer, or (a number)
                 found = vocab.spaced if here else vocab.closer  # makes it one no digit can make valid
                 if here and checks.number_checked(self._location(stack)):
-                    found = np.union1d(found, vocab.numeric)
+                    found = vocab.spaced_numeric
             elif self.mode in (_IN_KEY, _KEY_ESCAPE):  # completes the key (checked as its object grows), then a value
                 found = vocab.quote if stack and checks.grows_checked(stack[-1].location) else vocab.key_end
             else:
                 found = vocab.value_end
                 if here and self.mode == _VALUE and checks.number_checked(self._location(stack)):
-                    found = np.union1d(found, vocab.numeric)
+                    found = vocab.value_end_numeric
             self._memo["candidates"] = found, here
         return self._memo["candidates"]  # type: ignore[no-any-return]
 
@@ -346,18 +349,51 @@ class ValueState:
         return allowed() <= LOOKAHEAD_TOKENS and not viable(token)
 
     def _violations(self, tokens: list[int]) -> list[int]:
-        """The ``tokens`` that would complete a value that cannot be valid. Outside strings only the
-        structure counts: tokens differing in whitespace runs alone are scanned once."""
-        texts, verdicts, found = self.vocab.texts, dict[bytes, bool](), []
+        """The ``tokens`` that would complete a value that cannot be valid.
+
+        A token whose text completes nothing from here (:func:`_inert`: it opens a string, say) is
+        never scanned. Inside a string or key, a token is taken in two parts: its text up to the
+        closing quote (the value it completes: scanned once per distinct text, and not at all where
+        nothing checks that value), then the rest, scanned only where it completes something.
+        Outside strings only the structure counts: texts differing in whitespace runs alone are
+        scanned once."""
+        texts, found = self.vocab.texts, []
+        verdicts: dict[bytes, bool] = {}
+        heads: dict[bytes, ValueState | None] = {}
+        splits = self.mode in (_IN_STRING, _IN_KEY)
+        top = self.stack[-1] if self.stack else None
+        inert_from = None  # the mode a token's rest is read in where it may be inert (see ``_inert``)
+        if top is not None and splits and self._completes_unchecked():
+            inert_from = _COLON if self.mode == _IN_KEY else _AFTER
+        elif top is not None and self.mode in _OUTSIDE:
+            inert_from = self.mode
         for token in tokens:
             text = texts[token]
-            key = text if b'"' in text else _WHITESPACE_RUN.sub(b" ", text)
-            bad = verdicts.get(key)
+            cut = 0
+            if splits:  # past the closing quote (an escape before it: the whole text is the value's part)
+                cut = (text.find(b'"') + 1 if b"\\" not in text else 0) or len(text)
+            head, rest = text[:cut], text[cut:]
+            rest = rest if b'"' in rest else _WHITESPACE_RUN.sub(b" ", rest)
+            if inert_from is not None and top is not None and _inert(rest, inert_from, top.is_object):
+                continue
+            bad = verdicts.get(head + rest)
             if bad is None:
-                bad = verdicts[key] = self.advance_bytes(key) is None
+                if head not in heads:
+                    heads[head] = self.advance_bytes(head) if head else self
+                after_head = heads[head]
+                bad = after_head is None or (bool(rest) and after_head.advance_bytes(rest) is None)
+                verdicts[head + rest] = bad
             if bad:
                 found.append(token)
         return found
+
+    def _completes_unchecked(self) -> bool:
+        """Whether completing the string or key being written checks nothing (its location is not
+        checked, nor its container as it grows): then its text cannot make a token bad."""
+        top, checks = self.stack[-1], self.checks
+        if checks.grows_checked(top.location):
+            return False
+        return self.mode == _IN_KEY or not checks.must_check(self._location(self.stack))
 
     def _dead_ends(
         self,
@@ -386,6 +422,49 @@ def _holds(
 ) -> bool:
     at = int(ids.searchsorted(token))
     return at < len(ids) and int(ids[at]) == token
+
+
+class _Completions:
+    """Checks that refuse every value, key and number they are asked about: scanning a text with them
+    from a state of a single open container fails exactly when the text completes something there."""
+
+    root_location: Dnf = frozenset({frozenset()})
+
+    def child(self, location: Dnf, key: str | int) -> Dnf:
+        return location
+
+    def needs(self, location: Dnf) -> bool:
+        return True
+
+    def must_check(self, location: Dnf) -> bool:
+        return True
+
+    def has_own(self, location: Dnf) -> bool:
+        return False
+
+    def grows_checked(self, location: Dnf) -> bool:
+        return True
+
+    def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
+        return False
+
+    def number_viable(self, location: Dnf, text: bytes) -> bool:
+        return False
+
+    def number_checked(self, location: Dnf) -> bool:
+        return True
+
+
+@bounded("match.values.inert", maxsize=65536)
+def _inert(text: bytes, mode: int, in_object: bool) -> bool:
+    """Whether ``text``, read in scanner ``mode`` inside an open object (``in_object``) or array, completes
+    no value, no key, no container and writes no number (one of :data:`_VALUE`, :data:`_KEY`,
+    :data:`_COLON`, :data:`_AFTER`): such a token cannot be refused by any check there."""
+    assert mode in _OUTSIDE, "only modes outside strings and scalars"
+    key = "" if in_object and mode in (_VALUE, _COLON) else None  # a value's key is written already
+    frame = _Frame(_Completions.root_location, in_object, (), key)
+    probe = ValueState(_Completions(), None, mode, (frame,))  # type: ignore[arg-type]  # no vocab: bytes only
+    return probe.advance_bytes(text) is not None
 
 
 @bounded("match.values.parse", maxsize=4096)

@@ -176,6 +176,8 @@ class ValueVocab:
     closer: np.ndarray  # [c] int64: ids holding ',', ']' or '}'
     spaced: np.ndarray  # [s] int64: ``value_end`` or any whitespace (in a scalar: end it)
     numeric: np.ndarray  # [n] int64: a '-', '.' or digit first, after any whitespace (start or extend a number)
+    spaced_numeric: np.ndarray  # [sn] int64: ``spaced`` or ``numeric`` (in a number under check)
+    value_end_numeric: np.ndarray  # [en] int64: ``value_end`` or ``numeric`` (where a number under check may start)
 
 
 @bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT)
@@ -192,13 +194,17 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
     def value_end(t: bytes) -> bool:
         return closes(t) or t.count(b'"') >= 2 or any(c in _WHITESPACE for c in t.lstrip(b" \t\n\r"))
 
+    value_ends, spaced = ids(value_end), ids(lambda t: value_end(t) or any(c in _WHITESPACE for c in t))
+    numeric = ids(lambda t: t.lstrip(b" \t\n\r")[:1] in _NUMBER_STARTS)
     return ValueVocab(
         texts,
         quote=ids(lambda t: b'"' in t),
         quote_closer=ids(lambda t: b'"' in t and closes(t)),
-        value_end=ids(value_end),
+        value_end=value_ends,
         key_end=ids(lambda t: b'"' in t and value_end(t)),
         closer=ids(closes),
-        spaced=ids(lambda t: value_end(t) or any(c in _WHITESPACE for c in t)),
-        numeric=ids(lambda t: t.lstrip(b" \t\n\r")[:1] in _NUMBER_STARTS),
+        spaced=spaced,
+        numeric=numeric,
+        spaced_numeric=np.union1d(spaced, numeric),
+        value_end_numeric=np.union1d(value_ends, numeric),
     )

@@ -154,3 +154,55 @@ def test_a_paths_check_refuses_what_tokens_would(smol_tokenizer, schema, valid, 
         assert (probe.accept_tokens(path) == len(path) and probe.is_completed()) is expected
         assert matcher.completes(path) is expected
     assert matcher.num_accepted == 0
+
+
+OPEN_OBJECTS = st.builds(
+    lambda properties, required: {"type": "object", "properties": properties, "required": required},
+    st.dictionaries(NAMES, SCALARS | st.just({"type": "string"}), min_size=1, max_size=3),
+    st.lists(NAMES, max_size=2, unique=True),
+)  # open objects in any order: "required" and "properties" are checked schema-wide (MaskBench's commonest case)
+
+
+def _scans_agree_along_a_walk(tokenizer, schema: dict, walk_seed: int, steps: int = 60) -> int:
+    """At each step of a random walk, the candidates' verdicts (``ValueState._violations``: texts grouped,
+    inert ones skipped) equal scanning each token's whole text: over the candidates the grammar allows, and
+    48 other allowed tokens. Returns how many refusals were compared."""
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), tokenizer)
+    matcher, rng, refused = compiled.matcher(), random.Random(walk_seed), 0
+    for _ in range(steps):
+        if matcher.is_terminated() or matcher._values is None:
+            break
+        state = matcher._values.state
+        grammar = allocate_token_bitmask(1, compiled.vocab_size)  # [1, ceil(V / 32)]
+        matcher.fill_next_token_bitmask(grammar, checks=False)
+        allowed = [t for t in allowed_ids(grammar[0], compiled.vocab_size).tolist() if state.vocab.texts[t]]
+        candidates = state._candidates()[0]
+        chosen = set() if candidates is None else set(allowed) & set(candidates.tolist())
+        allowed = sorted(chosen | set(rng.sample(allowed, min(SAMPLED, len(allowed)))))
+        whole = [t for t in allowed if state.advance_bytes(state.vocab.texts[t]) is None]
+        assert state._violations(allowed) == whole, (schema, matcher.num_accepted)
+        refused += len(whole)
+        eager = grammar.clone()
+        matcher.check_row(eager[0])
+        kept = allowed_ids(eager[0], compiled.vocab_size).tolist()
+        if not kept:
+            break
+        matcher.accept_token(rng.choice(kept))
+    return refused
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=40)
+@seed(27)
+@given(schema=st.one_of(SCHEMAS, st.recursive(OPEN_OBJECTS, _containers, max_leaves=4)), walk_seed=st.integers(0, 2**16))
+def test_grouped_scans_agree_with_whole_texts(smol_tokenizer, schema, walk_seed):
+    _scans_agree_along_a_walk(smol_tokenizer, schema, walk_seed)
+
+
+def test_grouped_scans_meet_refusals(smol_tokenizer):
+    """Not vacuous: walks through schemas known to refuse tokens inside strings, keys and scalars."""
+    schemas = [
+        {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}, "required": ["b"]},
+        {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True},
+        {"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}, "maxProperties": 1},
+    ]
+    assert sum(_scans_agree_along_a_walk(smol_tokenizer, s, seed_) for s in schemas for seed_ in range(4)) > 20
