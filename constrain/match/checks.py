@@ -31,7 +31,7 @@ import functools
 import json
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import regex
@@ -137,7 +137,7 @@ class ValueChecks:
         self._loose: dict[int, set[str] | None] = {}  # per own subschema, its keywords beyond the grammar (None: all)
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
-        self._verdicts: dict[tuple[Dnf, bool, Any], bool] = {}
+        self._verdicts: dict[tuple[Dnf, str, Any], bool] = {}  # by location, how judged, the value
         self._validators: dict[tuple[int, bool], Any] = {}  # per subschema index and ``loose``: its validator
         self._members: dict[tuple[int, str], Dnf] = {}  # per subschema index and declared property, its location
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
@@ -366,18 +366,19 @@ class ValueChecks:
         extra key that a declared key took)."""
         scalar = value is None or isinstance(value, (str, int, float))
         as_key = (type(value), value) if scalar else json.dumps(value, sort_keys=True)
-        key = (location, 2 * prefix + whole, as_key)
+        valid: Callable[[int, Any], bool]
+        if prefix:
+            how, valid = "prefix", self._prefix_valid
+        elif whole or len(location) > 1:
+            how, valid = "whole", self._valid
+        else:
+            how, valid = "loose", self._loose_valid
+        key = (location, how, as_key)
         verdict = self._verdicts.get(key)
         if verdict is not None:
             self.hits += 1
             return verdict
         self.misses += 1
-        if prefix:
-            valid = self._prefix_valid
-        elif whole or len(location) > 1:
-            valid = self._valid
-        else:
-            valid = self._loose_valid
         verdict = any(all(valid(index, value) for index in alternative) for alternative in location)
         chars = len(value) if isinstance(value, str) else 0 if scalar else len(as_key)
         if chars <= MEMO_KEY_CHARS:
@@ -396,7 +397,7 @@ class ValueChecks:
         alternatives = self._number_alternatives(location)
         if alternatives is None:
             return True
-        key = (location, True, (bytes, text))
+        key = (location, "number", text)
         verdict = self._verdicts.get(key)
         if verdict is None:
             verdict = viable_under(text.decode("ascii", "replace"), alternatives)
@@ -428,7 +429,8 @@ class ValueChecks:
     def _loose_schema(self, index: int) -> dict[str, Any] | None:
         """The part of subschema ``index`` the grammar does not enforce: its ``_loose`` keywords and those
         they are read with (``then`` beside ``if``...); the whole subschema where that cannot be told."""
-        node, loose = self.nodes[index], self._loose.get(index, set())
+        node: dict[str, Any] = self.nodes[index]
+        loose = self._loose.get(index, set())
         if loose is None or loose & _READ_WITH_ALL:
             return node
         kept = set(loose) - {"properties"}  # the declared members: checked whole, each (``_loose_valid``)
@@ -491,10 +493,10 @@ class ValueChecks:
             return None
         return self.validator.evolve(schema=kept)
 
-    def _prefix_valid(self, index: int, container: Any) -> bool:
+    def _prefix_valid(self, index: int, value: Any) -> bool:
         checker = self._prefix(index)
         try:
-            return checker is None or bool(checker.is_valid(container))
+            return checker is None or bool(checker.is_valid(value))
         except Exception:
             return True
 

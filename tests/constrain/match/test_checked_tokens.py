@@ -193,7 +193,9 @@ def _scans_agree_along_a_walk(tokenizer, schema: dict, walk_seed: int, steps: in
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=40)
 @seed(27)
-@given(schema=st.one_of(SCHEMAS, st.recursive(OPEN_OBJECTS, _containers, max_leaves=4)), walk_seed=st.integers(0, 2**16))
+@given(
+    schema=st.one_of(SCHEMAS, st.recursive(OPEN_OBJECTS, _containers, max_leaves=4)), walk_seed=st.integers(0, 2**16)
+)
 def test_grouped_scans_agree_with_whole_texts(smol_tokenizer, schema, walk_seed):
     _scans_agree_along_a_walk(smol_tokenizer, schema, walk_seed)
 
