@@ -120,7 +120,7 @@ def value_checks(
 ) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
     """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
     the coverage with what they enforce marked so."""
-    validator = schema_validator(constraint.schema)
+    validator = schema_validator(constraint.schema, approximate_remote=True)  # strict: refused at compile
     notes = {e.note for e in coverage if e.pointer == ""}
     everywhere = [key for key, note in _SCHEMA_WIDE.items() if note in notes]
     checks = ValueChecks(validator.schema, validator, coverage, everywhere)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from constrain.backends.xgrammar import check_regex
+from constrain.constraints.formats import format_status
 from constrain.constraints.schema_refs import References, pointer_token, resolve_from_resources
 from constrain.constraints.schema_rewrites import (
     ANNOTATIONS,
@@ -366,13 +367,16 @@ class _Preparer:
         self.mark(at, key, "enforced", "search semantics: unanchored ends match anything")
 
     def _format(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
+        status = format_status(value) if isinstance(value, str) else "ignored"
         if value in ENGINE_FORMATS:
             out[key] = value
             self.mark(at, key, "enforced")
+        elif status == "checked":
+            self.mark(at, key, "checked", f"{value!r}: checked by jsonschema's format checker")
+        elif status == "approximated":
+            self.refuse(at, key, f"{value!r}: no checker for this format here (its library is missing)")
         else:
-            self.mark(
-                at, key, "checked", "validated afterwards by jsonschema's format checker where it knows the format"
-            )
+            self.mark(at, key, "ignored", f"{value!r} is no format JSON Schema defines: an annotation, not checked")
 
     def _multiple_of(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
         if node.get("type") == "integer" and isinstance(value, int) and not isinstance(value, bool) and value > 0:

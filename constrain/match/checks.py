@@ -12,14 +12,21 @@ How a completed value is judged:
 - Its *location* in the schema is a disjunction of conjunctions of subschemas
   (:data:`~constrain.match.values.Dnf`): the subschemas every valid document applies to the value
   (``properties``, ``items``, ``$ref``, ``allOf``), with ``anyOf``/``oneOf`` branches as alternatives.
-  Each subschema is checked exactly by ``jsonschema`` (the same validator as
-  :func:`constrain.match.validate.validate`); the location is a *necessary* condition, so a value of a
-  valid document is never refused. At the root the location is the schema itself: the whole document
-  is checked exactly before it can end.
+  The location is a *necessary* condition, so a value of a valid document is never refused.
+- A value is checked where the grammar is loose at its location (:meth:`ValueChecks.must_check`): a
+  subschema there holds a keyword beyond the grammar, or alternatives are to be told apart. Where the
+  grammar is loose only *below*, the values below were checked as they completed, and the grammar
+  wrote the rest: nothing is asked.
+- Where the location has one alternative, each subschema is checked for its keywords beyond the grammar
+  alone (its *loose part*: ``uniqueItems``, ``required`` where keys come in any order..., with the
+  keywords they are read with), by ``jsonschema`` (the validator of
+  :func:`constrain.match.validate.validate`); an open object's members under declared keys are checked
+  whole, since a declared key may have been written as an extra key. Alternatives are checked whole.
 - An open container is also checked as it grows, with the keywords no later item can repair
   (``uniqueItems``, ``maxContains``, ``maxProperties``, ``propertyNames``).
-- Only where a subschema below holds a keyword the grammar does not enforce (:meth:`ValueChecks.needs`):
-  elsewhere the grammar is exact and nothing is scanned.
+- A check never passes for want of an answer: references outside the document stand for ``true``
+  (approximated, refused in strict mode), formats are checked, refused or annotations at compile time
+  (:mod:`constrain.constraints.formats`), and a check that raises anyway refuses the value.
 
 A grammar's text may also embed JSON values (tool calls' arguments,
 :class:`~constrain.constraints.EmbeddedJson`): :class:`CallChecks` holds the checks of each one's schema.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -40,6 +48,7 @@ from constrain import caches
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
 from constrain.constraints.constraint import EmbeddedJson
+from constrain.constraints.formats import format_status
 from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
 from constrain.constraints.schema_refs import resolve_local
 from constrain.match.embedded import CallValues
@@ -58,6 +67,7 @@ __all__ = [
     "ValueChecks",
 ]
 
+_log = logging.getLogger(__name__)
 _UNSET = object()
 TRUE: Dnf = frozenset({frozenset()})
 FALSE: Dnf = frozenset()
@@ -144,6 +154,7 @@ class ValueChecks:
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
         self.hits = 0  # of the children and verdicts memos
+        self.errors = 0  # checks that raised (and so refused: ``_holds``)
         self.misses = 0
         with _live_lock:
             _live.add(self)
@@ -231,6 +242,8 @@ class ValueChecks:
     def _beyond(node: dict[str, Any]) -> set[str]:
         """The keywords of ``node`` beyond the grammar wherever they appear."""
         found = {key for key in BEYOND_GRAMMAR if key in node and node[key] is not False}
+        if not isinstance(node.get("format"), str) or format_status(node["format"]) != "checked":
+            found.discard("format")  # an annotation, or a format no checker here runs (refused, or lenient)
         required, described = node.get("required"), node.get("properties")
         if isinstance(required, list) and not set(required) <= set(described if isinstance(described, dict) else ()):
             found.add("required")  # a required key the properties do not describe: the engines may let it be skipped
@@ -445,11 +458,8 @@ class ValueChecks:
         object under a declared key are checked whole where the schema-wide looseness of open objects
         applies (a declared key written as an extra key took the extra keys' schema)."""
         validator = self._node_validator(index, loose=True)
-        try:
-            if validator is not None and not validator.is_valid(value):
-                return False
-        except Exception:  # a reference that does not resolve offline: cannot check, never refuse
-            return True
+        if validator is not None and not self._holds(validator, value):
+            return False
         loose, node = self._loose.get(index), self.nodes[index]
         if loose is None or "properties" not in loose or not isinstance(value, dict):
             return True
@@ -469,10 +479,20 @@ class ValueChecks:
 
     def _valid(self, index: int, value: Any) -> bool:
         """Whether ``value`` holds every keyword of subschema ``index``."""
+        return self._holds(self._node_validator(index), value)
+
+    def _holds(self, validator: Any, value: Any) -> bool:
+        """``validator.is_valid(value)``; False where the check raises (counted in ``errors``, logged once):
+        a check that cannot decide refuses, never passes. None is known to raise: references outside the
+        document stand for ``true`` (approximated, refused in strict mode), formats without a checker are
+        refused or annotations at compile time."""
         try:
-            return bool(self._node_validator(index).is_valid(value))
-        except Exception:  # a reference that does not resolve offline: cannot check, never refuse
-            return True
+            return bool(validator.is_valid(value))
+        except Exception as err:
+            self.errors += 1
+            if self.errors == 1:
+                _log.warning("a value check raised, so the value is refused: %r", err)
+            return False
 
     def _prefix(self, index: int) -> Any:
         """A validator for what an open container at subschema ``index`` can already break, or None."""
@@ -495,10 +515,7 @@ class ValueChecks:
 
     def _prefix_valid(self, index: int, value: Any) -> bool:
         checker = self._prefix(index)
-        try:
-            return checker is None or bool(checker.is_valid(value))
-        except Exception:
-            return True
+        return checker is None or self._holds(checker, value)
 
 
 _live: weakref.WeakSet[ValueChecks] = weakref.WeakSet()

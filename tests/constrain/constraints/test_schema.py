@@ -7,6 +7,7 @@ import json
 import pytest
 
 import constrain
+from constrain.constraints.formats import FORMATS
 from constrain.errors import UnsatisfiableSchemaError
 from constrain.testing import accepts
 
@@ -120,6 +121,32 @@ def test_strict_refuses_what_cannot_be_checked_and_lenient_reports_it(smol_token
         constrain.compile(spec({"$dynamicRef": "#x"}), smol_tokenizer)
     with pytest.raises(UnsatisfiableSchemaError, match="admits no value"):  # lenient too: nothing to approximate
         constrain.compile(spec(False, lenient=True), smol_tokenizer)
+
+
+def test_a_format_is_checked_refused_or_an_annotation_as_the_coverage_says(smol_tokenizer, monkeypatch):
+    """A format the draft defines is checked; one no checker here runs is refused in strict mode and
+    approximated when lenient; a name no draft defines is an annotation: never a silent "enforced"."""
+    custom = constrain.compile(spec({"type": "string", "format": "int32", "maxLength": 9}), smol_tokenizer)
+    entry = next(e for e in custom.coverage if e.keyword == "format")
+    assert entry.status == "ignored" and "annotation" in entry.note
+    assert custom.value_checks is None and accepts(custom, smol_tokenizer, '"abc"')
+    monkeypatch.delitem(FORMATS.checkers, "idn-hostname")  # as where its library (idna) is missing
+    schema = {"type": "object", "properties": {"host": {"type": "string", "format": "idn-hostname", "maxLength": 7}}}
+    with pytest.raises(constrain.UnsupportedSchemaError, match="idn-hostname") as info:
+        constrain.compile(spec(schema), smol_tokenizer)
+    assert info.value.keyword == "format" and info.value.pointer == "/properties/host"
+    lenient = constrain.compile(spec(schema, lenient=True), smol_tokenizer)
+    status = {(e.pointer, e.keyword): e.status for e in lenient.coverage}
+    assert status["/properties/host", "format"] == "approximated"
+
+
+def test_a_lenient_remote_reference_is_true_in_the_value_checks(smol_tokenizer):
+    """``oneOf`` is checked whole; its remote branch stands for ``true`` (approximated), so the check runs
+    without an error and refuses what matches both branches."""
+    schema = {"oneOf": [{"$ref": "https://example.com/a.json"}, {"type": "integer"}]}
+    compiled = constrain.compile(spec(schema, lenient=True), smol_tokenizer)
+    assert accepts(compiled, smol_tokenizer, '"a"') and not accepts(compiled, smol_tokenizer, "3")
+    assert compiled.value_checks is not None and compiled.value_checks.errors == 0
 
 
 def test_all_of_branches_referring_to_boolean_schemas(smol_tokenizer):

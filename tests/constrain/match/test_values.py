@@ -345,3 +345,20 @@ def test_sampled_tool_calls_keep_their_arguments_valid(tiny, monkeypatch):
         monkeypatch.undo()
         compiler.clear_cache()  # no grammar compiled without its checks stays for the next test
     assert any(not r.valid for r in unchecked), [r.generation.text for r in unchecked]
+
+
+def test_a_check_that_raises_refuses(smol_tokenizer, monkeypatch, caplog):
+    """No silent pass: a value check that cannot decide (it raises) refuses the value, and says so."""
+    compiled = constrain.compile(spec({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
+                                 smol_tokenizer)  # fmt: skip
+    checks = compiled.value_checks
+    assert checks is not None and accepts(compiled, smol_tokenizer, "[1, 2]")
+
+    class Broken:
+        def is_valid(self, value):
+            raise RecursionError("too deep")
+
+    monkeypatch.setattr(checks, "_validators", {key: Broken() for key in checks._validators})
+    monkeypatch.setattr(checks, "_verdicts", {})
+    assert not accepts(compiled, smol_tokenizer, "[3, 4]")
+    assert checks.errors > 0 and "refused" in caplog.text

@@ -10,7 +10,7 @@ import pytest
 
 import constrain
 from constrain.compiler.json_schema import AT_BOUNDARIES
-from constrain.match.validate import FORMATS
+from constrain.constraints.formats import FORMATS
 from constrain.testing import accepts
 from constrain.testing import guarantees as g
 
