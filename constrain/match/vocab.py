@@ -185,26 +185,27 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
     """The value scanner's tables for ``info``'s tokenizer (cached: see the module docstring)."""
     texts = token_texts(info).texts
 
-    def ids(test: Callable[[bytes], bool]) -> np.ndarray:
-        return np.array([i for i, t in enumerate(texts) if t and test(t)], dtype=np.int64)
+    rows = [(False,) * 5] * len(texts)  # per token: holds '"', a closer, ends a value, is spaced, numeric
+    for i, t in enumerate(texts):
+        if t:
+            stripped = t.lstrip(b" \t\n\r")
+            closes = any(c in _CLOSERS for c in t)
+            end = closes or t.count(b'"') >= 2 or any(c in _WHITESPACE for c in stripped)
+            rows[i] = (b'"' in t, closes, end, end or len(stripped) < len(t), stripped[:1] in _NUMBER_STARTS)
+    quote, closes, end, spaced, numeric = np.array(rows, dtype=bool).T  # 5 x [V] bool: one pass
 
-    def closes(t: bytes) -> bool:
-        return any(c in _CLOSERS for c in t)
+    def ids(test: np.ndarray) -> np.ndarray:  # [V] bool -> [n] int64
+        return np.flatnonzero(test).astype(np.int64)
 
-    def value_end(t: bytes) -> bool:
-        return closes(t) or t.count(b'"') >= 2 or any(c in _WHITESPACE for c in t.lstrip(b" \t\n\r"))
-
-    value_ends, spaced = ids(value_end), ids(lambda t: value_end(t) or any(c in _WHITESPACE for c in t))
-    numeric = ids(lambda t: t.lstrip(b" \t\n\r")[:1] in _NUMBER_STARTS)
     return ValueVocab(
         texts,
-        quote=ids(lambda t: b'"' in t),
-        quote_closer=ids(lambda t: b'"' in t and closes(t)),
-        value_end=value_ends,
-        key_end=ids(lambda t: b'"' in t and value_end(t)),
+        quote=ids(quote),
+        quote_closer=ids(quote & closes),
+        value_end=ids(end),
+        key_end=ids(quote & end),
         closer=ids(closes),
-        spaced=spaced,
-        numeric=numeric,
-        spaced_numeric=np.union1d(spaced, numeric),
-        value_end_numeric=np.union1d(value_ends, numeric),
+        spaced=ids(spaced),
+        numeric=ids(numeric),
+        spaced_numeric=ids(spaced | numeric),
+        value_end_numeric=ids(end | numeric),
     )
