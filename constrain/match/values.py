@@ -369,12 +369,12 @@ class ValueState:
             inert_from = self.mode
         for token in tokens:
             text = texts[token]
-            cut = 0
-            if splits:  # past the closing quote (an escape before it: the whole text is the value's part)
-                cut = (text.find(b'"') + 1 if b"\\" not in text else 0) or len(text)
+            cut, escaped = 0, splits and b"\\" in text
+            if splits:  # past the closing quote (an escape in the text: all of it is scanned as one)
+                cut = (0 if escaped else text.find(b'"') + 1) or len(text)
             head, rest = text[:cut], text[cut:]
             rest = rest if b'"' in rest else _WHITESPACE_RUN.sub(b" ", rest)
-            if inert_from is not None and top is not None and _inert(rest, inert_from, top.is_object):
+            if inert_from is not None and top is not None and not escaped and _inert(rest, inert_from, top.is_object):
                 continue
             bad = verdicts.get(head + rest)
             if bad is None:

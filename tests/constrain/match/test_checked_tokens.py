@@ -5,7 +5,10 @@ every token the grammar allows; at a step where the eager row is not ``VIABLE``,
 
 from __future__ import annotations
 
+import dataclasses
 import random
+
+import numpy as np
 
 import pytest
 from hypothesis import given, seed, settings
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 import constrain
 from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
 from constrain.match.values import VIABLE
+from constrain.match.vocab import ValueVocab
 from constrain.testing import token_ids
 
 NAMES = st.text(alphabet="abcd", min_size=1, max_size=3)
@@ -208,3 +212,21 @@ def test_grouped_scans_meet_refusals(smol_tokenizer):
         {"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}, "maxProperties": 1},
     ]
     assert sum(_scans_agree_along_a_walk(smol_tokenizer, s, seed_) for s in schemas for seed_ in range(4)) > 20
+
+
+def test_grouped_scans_agree_on_hand_written_texts(smol_tokenizer):
+    """Texts the walks seldom meet, against a hand-written vocabulary: an escape before the closing quote
+    (``\\\\"}`` closes the string, then the object; ``\\"y"}`` closes it after an escaped quote), whitespace
+    runs, and texts that open a string."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer)
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"a": "x')
+    texts = [b'"', b'"}', b'\\\\"}', b'\\\\"', b'\\"}', b'\\"y"}', b'x"', b'"\\', b'",  "', b'"  }', b"a", b'y"}']
+    empty = np.zeros(0, dtype=np.int64)  # [0]: tables _violations does not read
+    vocab = ValueVocab(texts, *([empty] * 9))
+    state = dataclasses.replace(matcher._values.state, vocab=vocab)
+    tokens = list(range(len(texts)))
+    refused = state._violations(tokens)
+    assert refused == [t for t in tokens if state.advance_bytes(texts[t]) is None]
+    assert {texts[t] for t in refused} == {b'"}', b'\\\\"}', b'\\"y"}', b'"  }', b'y"}'}  # the object lacks "b"
