@@ -10,8 +10,9 @@ Then, for each sampled token (:meth:`Budget.vet`):
 2. another token: taken only if a closing path of at most the tokens left after it is found from the
    state after it; the first that completes, in order: the rest of the path's text respelled (the
    token spells the path's start differently), the path held (inside free text the token changes
-   nothing ahead), the greedy closing, and where that finds none at all (:data:`REACH`), a search of
-   :data:`SEARCH_NODES` states;
+   nothing ahead), the rest of the path's text after as many characters as the token holds (it wrote
+   other characters where the path wrote some: hex digits of a UUID), the greedy closing, and where
+   that finds none at all (:data:`REACH`), a search of :data:`SEARCH_NODES` states;
 3. otherwise the path's next token is taken instead (counted ``forced`` near the end, ``steered``
    elsewhere: see :data:`NEAR`); where the match is complete and nothing else fits, the request ends.
 
@@ -229,11 +230,11 @@ class Budget:
     def _after(self, probe: Matcher, token: int, plan: list[int], room: int) -> list[int] | None:
         """A closing path of at most ``room`` tokens from ``probe``'s state (the matcher's after ``token``,
         ``plan`` the path held before it): the first that completes of ``plan`` respelled after ``token``,
-        ``plan`` itself, the greedy closing; where the greedy closing finds none at all (up to
-        :data:`REACH` tokens longer than ``plan``), a search of :data:`SEARCH_NODES` states. None if
-        none fits. Every path is checked strictly, on a search's fork (no value taken as it comes at a
+        ``plan`` itself, ``plan`` shifted by ``token``'s length, the greedy closing; where the greedy closing
+        finds none at all (up to :data:`REACH` tokens longer than ``plan``), a search of
+        :data:`SEARCH_NODES` states. None if none fits. Every path is checked strictly, on a search's fork (no value taken as it comes at a
         dead end: see :class:`~constrain.match.matcher.Matcher`). Leaves ``probe`` as it was."""
-        for candidate in (self._respelled(token, plan), plan):
+        for candidate in (self._respelled(token, plan), plan, self._shifted(token, plan)):
             if candidate is not None and len(candidate) <= room and probe.completes(candidate):
                 return candidate
         reach = max(room, len(plan) + REACH)
@@ -243,6 +244,19 @@ class Budget:
                 probe, self.encode, max_tokens=room, max_nodes=SEARCH_NODES, hints=self.hints, fallback=False
             )
         return found if found is not None and len(found) <= room else None
+
+    def _shifted(self, token: int, plan: list[int]) -> list[int] | None:
+        """The rest of ``plan``'s text after as many characters as ``token`` holds, in the tokenizer's own
+        tokens, where ``token``'s text is not a prefix of it (a token that wrote other characters where the
+        path wrote some: ``3f`` of a UUID for the path's ``aa``); else None."""
+        piece = self._pieces[token]
+        text = b"".join(self._pieces[t] for t in plan)
+        if not piece or len(piece) >= len(text) or text.startswith(piece):
+            return None
+        try:
+            return self.encode(text[len(piece) :].decode())
+        except UnicodeDecodeError:  # the cut falls inside a character
+            return None
 
     def _respelled(self, token: int, plan: list[int]) -> list[int] | None:
         """The rest of ``plan``'s text after ``token``'s, in the tokenizer's own tokens, where ``token``'s

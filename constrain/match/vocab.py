@@ -13,7 +13,6 @@ in :func:`constrain.caches.stats`; a table is immutable, so requests and threads
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np

@@ -238,3 +238,24 @@ def test_rebase_holds_a_path_after_text_the_budget_did_not_vet(smol_tokenizer):
     assert not budget.rebase(2) and smol_tokenizer.decode(budget.plan) == "ac"  # "bbbbbc" needs more tokens
     assert budget.rebase(8) and smol_tokenizer.decode(budget.plan) == "bbbbbc"
     assert budget.rebase(8) and smol_tokenizer.decode(budget.plan) == "bbbbbc"  # the path held still completes
+
+
+def test_a_token_that_writes_other_characters_than_the_path_keeps_its_shifted_rest(smol_tokenizer, monkeypatch):
+    """Inside a UUID the path held writes ``a``s; a token of other hex digits leaves it misaligned, but the
+    rest of its text after as many characters completes: that is the path held next, found without the
+    greedy closing (which cost about 8 ms a token inside such strings)."""
+    compiled = constrain.compile(constrain.json_schema({"type": "string", "format": "uuid"}), smol_tokenizer)
+
+    def encode(text):
+        return smol_tokenizer.encode(text, add_special_tokens=False)
+
+    matcher = compiled.matcher()
+    assert matcher.accept_tokens(encode('"')) == 1
+    budget = Budget(matcher, encode, 40)
+    before = smol_tokenizer.decode(budget.plan)
+    token = encode("3f")[0]
+    piece = smol_tokenizer.decode([token])
+    assert not before.startswith(piece)  # neither the path's next token nor a respelling of it
+    monkeypatch.setattr("constrain.match.budget.completion", lambda *a, **k: pytest.fail("searched"))
+    assert budget.vet(token, 40) == token
+    assert smol_tokenizer.decode(budget.plan) == before[len(piece) :]

@@ -9,7 +9,6 @@ import dataclasses
 import random
 
 import numpy as np
-
 import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
