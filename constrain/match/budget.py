@@ -230,10 +230,11 @@ class Budget:
     def _after(self, probe: Matcher, token: int, plan: list[int], room: int) -> list[int] | None:
         """A closing path of at most ``room`` tokens from ``probe``'s state (the matcher's after ``token``,
         ``plan`` the path held before it): the first that completes of ``plan`` respelled after ``token``,
-        ``plan`` itself, ``plan`` shifted by ``token``'s length, the greedy closing; where the greedy closing
-        finds none at all (up to :data:`REACH` tokens longer than ``plan``), a search of
-        :data:`SEARCH_NODES` states. None if none fits. Every path is checked strictly, on a search's fork (no value taken as it comes at a
-        dead end: see :class:`~constrain.match.matcher.Matcher`). Leaves ``probe`` as it was."""
+        ``plan`` itself, ``plan`` shifted by ``token``'s length, the greedy closing; where the greedy
+        closing finds none at all (up to :data:`REACH` tokens longer than ``plan``), a search of
+        :data:`SEARCH_NODES` states. None if none fits. Every path is checked strictly, on a search's
+        fork (no value taken as it comes at a dead end: see :class:`~constrain.match.matcher.Matcher`).
+        Leaves ``probe`` as it was."""
         for candidate in (self._respelled(token, plan), plan, self._shifted(token, plan)):
             if candidate is not None and len(candidate) <= room and probe.completes(candidate):
                 return candidate
