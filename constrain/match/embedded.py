@@ -113,6 +113,16 @@ class CallValues:
         nothing is checked."""
         return VIABLE if self.inner is None else self.inner.forbid_violations(row, eos_token_ids, viable)
 
+    def leaves_some(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+        eos_token_ids: Iterable[int],
+    ) -> bool:
+        """As :meth:`~constrain.match.values.ValueState.leaves_some`, inside a value; between values
+        nothing is checked."""
+        return bool(row.any()) if self.inner is None else self.inner.leaves_some(row, eos_token_ids)
+
     def refuses(
         self,
         token: int,

@@ -133,10 +133,7 @@ def _advance(
     go on."""
     taken = probe.accept_tokens(ids)
     if taken == len(ids):
-        if not probe.checks_values or probe.is_completed():
-            return True
-        probe.fill_next_token_bitmask(bitmask)
-        if bool(bitmask.any()):
+        if not probe.checks_values or probe.is_completed() or probe.any_allowed(bitmask):
             return True
     probe.rollback(taken)
     return False

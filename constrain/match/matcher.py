@@ -176,6 +176,26 @@ class Matcher:
             row.zero_()
         return status
 
+    def any_allowed(
+        self,
+        # [B, ceil(V / 32)] int32, on the CPU; row 0 is overwritten (not with the mask)
+        bitmask: torch.Tensor,
+    ) -> bool:
+        """Whether any token is allowed next: what :meth:`fill_next_token_bitmask` then ``bitmask[0].any()``
+        says, without the value checks where a token they cannot refuse is allowed (a search's step).
+        Does not change the matcher state."""
+        if self.is_terminated() or self._values is None:
+            self.fill_next_token_bitmask(bitmask)
+            return bool(bitmask[0].any())
+        self.fill_next_token_bitmask(bitmask, checks=False)
+        row = bitmask[0]  # [ceil(V / 32)] int32
+        if self._keys is not None:
+            self._keys.state.forbid_duplicates(row)
+        if self._values.state.leaves_some(row, self._eos):
+            return True
+        self.check_row(row)
+        return bool(row.any())
+
     def allows(
         self,
         token_id: int,

@@ -30,7 +30,7 @@ import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
-from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, is_allowed
+from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
 from constrain.match.vocab import ValueVocab, value_vocab
 
 __all__ = [
@@ -326,6 +326,23 @@ class ValueState:
             return HEADED_FOR_DEAD_END
         words[:] = saved
         return DEAD_END
+
+    def leaves_some(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+        eos_token_ids: Iterable[int],
+    ) -> bool:
+        """Whether :meth:`forbid_violations` surely leaves ``row`` some token: one allowed there that no
+        check here can refuse (neither a candidate nor EOS). False says nothing. Reads ``row`` only."""
+        ids, _ = self._candidates()
+        words = row.numpy()  # [ceil(V / 32)] int32, a view
+        if ids is None and self.mode != _SCALAR:
+            return bool(words.any())
+        refusable = (0 if ids is None else len(allowed_among(words, ids))) + sum(
+            is_allowed(words, token) for token in eos_token_ids
+        )
+        return count_allowed(words) > refusable
 
     def refuses(
         self,

@@ -229,3 +229,37 @@ def test_grouped_scans_agree_on_hand_written_texts(smol_tokenizer):
     refused = state._violations(tokens)
     assert refused == [t for t in tokens if state.advance_bytes(texts[t]) is None]
     assert {texts[t] for t in refused} == {b'"}', b'\\\\"}', b'\\"y"}', b'"  }', b'y"}'}  # the object lacks "b"
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=30)
+@seed(27)
+@given(schema=SCHEMAS, walk_seed=st.integers(0, 2**16))
+def test_any_allowed_agrees_with_the_filled_mask(smol_tokenizer, schema, walk_seed):
+    """``Matcher.any_allowed`` (the checks skipped where a token they cannot refuse is allowed) says what the
+    eager mask says, on a search's fork (a dead end allows nothing) and off it, at every step of a walk."""
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer)
+    matcher, rng = compiled.matcher(), random.Random(walk_seed)
+    bitmask = allocate_token_bitmask(1, compiled.vocab_size)  # [1, ceil(V / 32)]
+    for _ in range(40):
+        for probe in (matcher.fork(search=True), matcher.fork(search=False)):
+            probe.fill_next_token_bitmask(bitmask)
+            expected = bool(bitmask[0].any())
+            assert probe.any_allowed(bitmask) == expected, (schema, matcher.num_accepted)
+        matcher.fill_next_token_bitmask(bitmask)
+        kept = allowed_ids(bitmask[0], compiled.vocab_size).tolist()
+        if matcher.is_terminated() or not kept:
+            break
+        matcher.accept_token(rng.choice(kept))
+
+
+def test_any_allowed_at_a_dead_end(smol_tokenizer):
+    """``[1,2,1`` under unique items of 1 and 2: every token the grammar allows completes a duplicate, so a
+    search's fork allows nothing, and the matcher itself keeps the grammar's row (see ``Matcher``)."""
+    schema = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3}
+    compiled = constrain.compile(constrain.json_schema(schema, whitespace="compact"), smol_tokenizer)
+    matcher = compiled.matcher()
+    ids = token_ids(smol_tokenizer, "[1,2,1")
+    assert matcher.accept_tokens(ids) == len(ids)
+    bitmask = allocate_token_bitmask(1, compiled.vocab_size)  # [1, ceil(V / 32)]
+    assert not matcher.fork(search=True).any_allowed(bitmask)
+    assert matcher.fork(search=False).any_allowed(bitmask)
