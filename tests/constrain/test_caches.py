@@ -139,8 +139,9 @@ def test_the_value_check_memos_are_bounded_and_reported(monkeypatch):
         assert memo.accepts(root, [n, n + 1]) and not memo.accepts(root, [n, n])
         assert len(memo._verdicts) <= 8  # starts over at MEMO_ENTRIES
     assert memo.accepts(root, [29, 30])  # just judged: kept
-    assert not memo.accepts(root, "x" * (checks.MEMO_KEY_CHARS + 1))  # too long to keep
-    assert not memo.accepts(root, "x" * (checks.MEMO_KEY_CHARS + 1))
+    twice = ["x" * checks.MEMO_KEY_CHARS] * 2  # not unique, and its text too long to keep
+    assert not memo.accepts(root, twice)
+    assert not memo.accepts(root, twice)
     assert (memo.hits, memo.misses) == (1, 62)
     during = caches.stats()["match.checks.memos"]
     assert during["instances"] == before["instances"] + 1
