@@ -63,8 +63,6 @@ class Checks(Protocol):
 
     def child(self, location: Dnf, key: str | int) -> Dnf: ...
 
-    def needs(self, location: Dnf) -> bool: ...
-
     def must_check(self, location: Dnf) -> bool: ...
 
     def has_own(self, location: Dnf) -> bool: ...
@@ -449,9 +447,6 @@ class _Completions:
 
     def child(self, location: Dnf, key: str | int) -> Dnf:
         return location
-
-    def needs(self, location: Dnf) -> bool:
-        return True
 
     def must_check(self, location: Dnf) -> bool:
         return True
