@@ -235,7 +235,8 @@ class Budget:
         :data:`SEARCH_NODES` states. None if none fits. Every path is checked strictly, on a search's
         fork (no value taken as it comes at a dead end: see :class:`~constrain.match.matcher.Matcher`).
         Leaves ``probe`` as it was."""
-        for candidate in (self._respelled(token, plan), plan, self._shifted(token, plan)):
+        rest, respelled = self._rest(token, plan)
+        for candidate in (rest, plan) if respelled else (plan, rest):
             if candidate is not None and len(candidate) <= room and probe.completes(candidate):
                 return candidate
         reach = max(room, len(plan) + REACH)
@@ -246,27 +247,18 @@ class Budget:
             )
         return found if found is not None and len(found) <= room else None
 
-    def _shifted(self, token: int, plan: list[int]) -> list[int] | None:
+    def _rest(self, token: int, plan: list[int]) -> tuple[list[int] | None, bool]:
         """The rest of ``plan``'s text after as many characters as ``token`` holds, in the tokenizer's own
-        tokens, where ``token``'s text is not a prefix of it (a token that wrote other characters where the
-        path wrote some: ``3f`` of a UUID for the path's ``aa``); else None."""
+        tokens (None where the cut falls inside a character, or ``token`` writes past a path it does not
+        start); and whether ``token``'s text starts ``plan``'s: then the rest is ``plan`` respelled, else
+        ``plan`` shifted (a token that wrote other characters where the path wrote some: ``3f`` of a UUID
+        for the path's ``aa``)."""
         piece = self._pieces[token]
         text = b"".join(self._pieces[t] for t in plan)
-        if not piece or len(piece) >= len(text) or text.startswith(piece):
-            return None
+        respelled = bool(piece) and text.startswith(piece)
+        if not piece or (not respelled and len(piece) >= len(text)):
+            return None, respelled
         try:
-            return self.encode(text[len(piece) :].decode())
-        except UnicodeDecodeError:  # the cut falls inside a character
-            return None
-
-    def _respelled(self, token: int, plan: list[int]) -> list[int] | None:
-        """The rest of ``plan``'s text after ``token``'s, in the tokenizer's own tokens, where ``token``'s
-        text starts ``plan``'s; else None."""
-        piece = self._pieces[token]
-        text = b"".join(self._pieces[t] for t in plan)
-        if not piece or not text.startswith(piece):
-            return None
-        try:
-            return self.encode(text[len(piece) :].decode())
-        except UnicodeDecodeError:  # the token ends inside a character
-            return None
+            return self.encode(text[len(piece) :].decode()), respelled
+        except UnicodeDecodeError:
+            return None, respelled

@@ -168,6 +168,14 @@ class Matcher:
             return VIABLE
         if self._keys is not None:
             self._keys.state.forbid_duplicates(row)
+        return self._check_values(row)
+
+    def _check_values(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a row the key guard ran on; updated in place
+        row: torch.Tensor,
+    ) -> int:
+        """The value checks' part of :meth:`check_row`."""
         if self._values is None:
             return VIABLE
         viable = None if self.searching else (lambda token: self._viable(token, 2))
@@ -193,7 +201,7 @@ class Matcher:
             self._keys.state.forbid_duplicates(row)
         if self._values.state.leaves_some(row, self._eos):
             return True
-        self.check_row(row)
+        self._check_values(row)
         return bool(row.any())
 
     def allows(

@@ -376,12 +376,12 @@ class ValueState:
         verdicts: dict[bytes, bool] = {}
         heads: dict[bytes, ValueState | None] = {}
         splits = self.mode in (_IN_STRING, _IN_KEY)
-        top = self.stack[-1] if self.stack else None
         inert_from = None  # the mode a token's rest is read in where it may be inert (see ``_inert``)
-        if top is not None and splits and self._completes_unchecked():
+        if self.stack and splits and self._completes_unchecked():
             inert_from = _COLON if self.mode == _IN_KEY else _AFTER
-        elif top is not None and self.mode in _OUTSIDE:
+        elif self.stack and self.mode in _OUTSIDE:
             inert_from = self.mode
+        in_object = bool(self.stack) and self.stack[-1].is_object
         for token in tokens:
             text = texts[token]
             cut, escaped = 0, splits and b"\\" in text
@@ -389,7 +389,7 @@ class ValueState:
                 cut = (0 if escaped else text.find(b'"') + 1) or len(text)
             head, rest = text[:cut], text[cut:]
             rest = rest if b'"' in rest else _WHITESPACE_RUN.sub(b" ", rest)
-            if inert_from is not None and top is not None and not escaped and _inert(rest, inert_from, top.is_object):
+            if inert_from is not None and not escaped and _inert(rest, inert_from, in_object):
                 continue
             bad = verdicts.get(head + rest)
             if bad is None:
