@@ -17,7 +17,7 @@ import sys
 
 LAYERS = (
     ("sampler", "grammars"),  # logits -> token (torch only), shipped grammars: they import nothing of constrain
-    ("errors", "results", "caches"),  # leaf modules: imported by every layer
+    ("errors", "results", "caches", "jsonscan"),  # leaf modules: imported by every layer
     ("models",),  # loading the packaged models, forward cost, export
     ("backends",),  # the grammar engines behind one protocol; tokenizer facts
     ("constraints",),  # constraint values, JSON Schema preparation

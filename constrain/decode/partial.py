@@ -2,8 +2,9 @@
 
 :class:`PartialJson` is fed the text of a JSON value piece by piece (a stream's deltas) and says, for
 each piece, which values became complete in it, as RFC 6901 JSON pointers (``"/items/0/name"``; ``""``
-is the whole value). It scans each character once and keeps only the open containers and the text of
-the token being written, so a whole stream costs O(characters), with no re-parse. A value is complete:
+is the whole value). It reads the text with :mod:`constrain.jsonscan`, each character once, and keeps
+only the open containers and the text of the token being written, so a whole stream costs
+O(characters), with no re-parse. A value is complete:
 
 - a string at its closing quote, an object or array at its closing bracket;
 - a number, ``true``, ``false`` or ``null`` once a character after it is written (``12`` may still
@@ -39,7 +40,6 @@ after it; the last event (at the finish) passes ``final``. Servers turn it off w
 from __future__ import annotations
 
 import json
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -49,21 +49,12 @@ from typing import Any
 import pydantic
 
 from constrain.constraints.schema_refs import pointer_token
+from constrain.jsonscan import START
 
 __all__ = ["PartialJson", "resolve"]
 
 _MISSING: Any = object()
 """No value (distinct from JSON null)."""
-
-_WHITESPACE = frozenset(" \t\n\r")
-_DELIMITERS = frozenset(" \t\n\r,]}")  # what may follow a number or a literal
-_SCALAR_START = frozenset("-0123456789tfn")
-_STRING_STOP = re.compile(r'["\\]')
-
-# what the next character may be (outside a token)
-_VALUE, _FIRST_ITEM, _KEY, _FIRST_KEY, _COLON, _AFTER = range(6)
-# inside a token
-_STRING, _KEY_STRING, _SCALAR = range(6, 9)
 
 
 class PartialJson:
@@ -78,24 +69,23 @@ class PartialJson:
 
     def __init__(self, python_type: Any = None) -> None:
         self.python_type = python_type
+        self._scan = START
         self._stack: list[_Frame] = []  # the open containers, outermost first
-        self._state = _VALUE
-        self._token: list[str] = []  # the text of the string, key or scalar being written
-        self._escaped = False  # inside a string, after a backslash
+        self._done: list[str] = []  # the pointers completed by the piece being fed
         self._root: Any = _MISSING  # the whole value, once complete
         self._adapters: dict[Any, pydantic.TypeAdapter[Any]] = {}  # per member type; goes with this parser
+        self._events = _Events(self)
 
     def feed(self, text: str, *, final: bool = False) -> tuple[str, ...]:
         """Take the next piece of the text; return the pointers of the values it completed (innermost
         first, in text order). ``final``: the text ends here, so a top-level number or literal completes.
-        Raises ValueError when the text so far is not the start of one JSON value."""
-        completed: list[str] = []
-        i = 0
-        while i < len(text):
-            i = self._step(text, i, completed)
-        if final and self._state == _SCALAR and not self._stack:
-            self._complete(self._scalar(), completed)
-        return tuple(completed)
+        Raises ValueError (:class:`~constrain.jsonscan.JsonSyntaxError`) when the text so far is not the
+        start of one JSON value."""
+        self._done = []
+        self._scan = self._scan.feed(text.encode(), self._events)
+        if final:
+            self._scan = self._scan.end(self._events)
+        return tuple(self._done)
 
     @property
     def done(self) -> bool:
@@ -114,80 +104,7 @@ class PartialJson:
             child = frame.node.snapshot(frame.raw, frame.open_key, child)
         return None if child is _MISSING else child
 
-    def _step(self, text: str, i: int, done: list[str]) -> int:
-        """Consume ``text`` from index ``i``; return the index of the next character to read."""
-        state, c = self._state, text[i]
-        if state in (_STRING, _KEY_STRING):
-            if self._escaped:
-                self._token.append(c)
-                self._escaped = False
-                return i + 1
-            stop = _STRING_STOP.search(text, i)
-            if stop is None:  # the whole rest is string content
-                self._token.append(text[i:])
-                return len(text)
-            end = stop.end()
-            self._token.append(text[i:end])
-            if stop.group() == "\\":
-                self._escaped = True
-            elif state == _KEY_STRING:
-                self._stack[-1].key = self._decode()
-                self._state = _COLON
-            else:
-                self._complete(self._decode(), done)
-            return end
-        if state == _SCALAR:
-            if c not in _DELIMITERS:
-                self._token.append(c)
-                return i + 1
-            self._complete(self._scalar(), done)  # then read the delimiter after the value
-            return i
-        if c in _WHITESPACE:
-            return i + 1
-        if state in (_VALUE, _FIRST_ITEM):
-            if c == "]" and state == _FIRST_ITEM:
-                self._close(done)
-            elif c in "{[":
-                self._open(c == "{")
-            elif c == '"':
-                self._token, self._state = ['"'], _STRING
-            elif c in _SCALAR_START:
-                self._token, self._state = [c], _SCALAR
-            else:
-                raise self._error(c)
-        elif state in (_KEY, _FIRST_KEY):
-            if c == "}" and state == _FIRST_KEY:
-                self._close(done)
-            elif c == '"':
-                self._token, self._state = ['"'], _KEY_STRING
-            else:
-                raise self._error(c)
-        elif state == _COLON and c == ":":
-            self._state = _VALUE
-        elif state == _AFTER and self._stack:
-            is_object = isinstance(self._stack[-1].raw, dict)
-            if c == ",":
-                self._state = _KEY if is_object else _VALUE
-            elif c == ("}" if is_object else "]"):
-                self._close(done)
-            else:
-                raise self._error(c)
-        else:
-            raise self._error(c)
-        return i + 1
-
-    def _error(self, c: str) -> ValueError:
-        return ValueError(f"not the start of a JSON value: unexpected {c!r}")
-
-    def _decode(self) -> Any:
-        return json.loads("".join(self._token))
-
-    def _scalar(self) -> Any:
-        try:
-            return self._decode()
-        except ValueError as err:
-            raise ValueError(f"not a JSON number or literal: {''.join(self._token)!r}") from err
-
+    # -- the scan's events (through _Events) -------------------------------------------------------
     def _open(self, is_object: bool) -> None:
         if self._stack:
             parent = self._stack[-1]
@@ -196,22 +113,30 @@ class PartialJson:
         else:
             pointer, node = "", self._node(self.python_type, is_object)
         self._stack.append(_Frame(pointer, {} if is_object else [], node))
-        self._state = _FIRST_KEY if is_object else _FIRST_ITEM
 
-    def _close(self, done: list[str]) -> None:
+    def _close(self) -> None:
         frame = self._stack.pop()
-        self._complete(frame.raw, done, frame.pointer)
+        self._complete(frame.raw, frame.pointer)
 
-    def _complete(self, raw: Any, done: list[str], pointer: str | None = None) -> None:
+    def _key(self, text: bytes) -> None:
+        self._stack[-1].key = json.loads(text)
+
+    def _leaf(self, text: bytes) -> None:
+        try:
+            raw = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"not a JSON string, number or literal: {text.decode(errors='replace')!r}") from err
+        self._complete(raw)
+
+    def _complete(self, raw: Any, pointer: str | None = None) -> None:
         """A value is complete: add it to its container (or make it the root)."""
-        self._state = _AFTER
         if not self._stack:
-            done.append("")
+            self._done.append("")
             self._root = raw if self.python_type is None else self._validate(self.python_type, raw)
             return
         parent = self._stack[-1]
         key = parent.open_key
-        done.append(pointer if pointer is not None else f"{parent.pointer}/{pointer_token(key)}")
+        self._done.append(pointer if pointer is not None else f"{parent.pointer}/{pointer_token(key)}")
         parent.node.add(key, raw)
         if isinstance(parent.raw, dict):
             assert isinstance(key, str)
@@ -254,6 +179,15 @@ class PartialJson:
         if not is_object and issubclass(origin, Sequence | set | frozenset):
             return _MembersNode(self, False, lambda index: args[0] if args else Any)
         return _MembersNode(self, is_object, None)
+
+
+class _Events:
+    """The scan's events (:class:`~constrain.jsonscan.JsonEvents`), passed to their parser."""
+
+    __slots__ = ("close", "key", "open", "value")
+
+    def __init__(self, parser: PartialJson) -> None:
+        self.open, self.close, self.key, self.value = parser._open, parser._close, parser._key, parser._leaf
 
 
 def _unwrap(tp: Any) -> Any:

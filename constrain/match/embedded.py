@@ -82,16 +82,11 @@ class CallValues:
                     return None
                 inner = ValueState(checks, self.vocab)
                 continue
-            for end in range(at + 1, len(data) + 1):  # inside one: byte by byte, to see where it ends
-                scanned = inner.advance_bytes(data[end - 1 : end], strict=strict)
-                if scanned is None:
-                    return None
-                inner = scanned
-                if inner.finished:
-                    break
-            at = end
-            if inner.finished:
-                inner = None
+            scanned, read = inner.advance_value(data[at:], strict=strict)  # inside one: up to where it ends
+            if scanned is None:
+                return None
+            at += read
+            inner = None if scanned.finished else scanned
         return CallValues(calls, self.vocab, started, tail, inner)
 
     def can_end(self) -> bool:

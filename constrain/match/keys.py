@@ -4,7 +4,7 @@ object already has.
 A grammar can say which keys an object may hold, not that each appears once: wherever another key
 may be any string (``additionalProperties``, ``patternProperties``, an object the schema leaves
 open, properties in any order), xgrammar and llguidance both admit ``{"a": 1, "a": 2}``, which JSON
-parsers read as ``{"a": 2}``, silently. :class:`KeyState` follows the output byte by byte (the grammar
+parsers read as ``{"a": 2}``, silently. :class:`KeyState` follows the output with :mod:`constrain.jsonscan` (the grammar
 keeps it well-formed JSON) and knows, per open object, the keys written so far;
 :meth:`KeyState.forbid_duplicates` clears from a bitmask row the tokens that would complete one of
 them again:
@@ -29,61 +29,42 @@ import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
+from constrain.jsonscan import IN_KEY, IN_STRING, KEY_ESCAPE, START, JsonScan, JsonSyntaxError
 from constrain.match.bitmask import allowed_among, clear_bits
 from constrain.match.vocab import KeyVocab, key_vocab
 
 __all__ = ["KeyState", "may_repeat_keys"]
 
-# scanner modes
-_VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_WHITESPACE = frozenset(b" \t\n\r")
-
 Frame = frozenset[bytes] | None
 """An open container: an object's keys so far (as written, without quotes), or None for an array."""
 
 
-def _scan(mode: int, stack: tuple[Frame, ...], key: bytes, data: bytes) -> tuple[int, tuple[Frame, ...], bytes, bool]:
-    """Advance the scanner over ``data``; the last item says whether a key was completed a second time
-    in its object (scanning stops there)."""
-    for byte in data:
-        if mode == _IN_KEY:
-            if byte == _QUOTE:
-                keys = stack[-1]
-                if keys is None:  # not reached on well-formed JSON
-                    keys = frozenset()
-                if key in keys:
-                    return mode, stack, key, True
-                stack, mode = (*stack[:-1], keys | {key}), _COLON
-            else:
-                key += bytes((byte,))
-                mode = _KEY_ESCAPE if byte == _BACKSLASH else _IN_KEY
-        elif mode == _KEY_ESCAPE:
-            key, mode = key + bytes((byte,)), _IN_KEY
-        elif mode == _IN_STRING:
-            mode = _STRING_ESCAPE if byte == _BACKSLASH else _AFTER if byte == _QUOTE else _IN_STRING
-        elif mode == _STRING_ESCAPE:
-            mode = _IN_STRING
-        elif byte in _WHITESPACE:
-            if mode == _SCALAR:
-                mode = _AFTER
-        elif mode == _SCALAR and byte not in b",}]":
-            continue
-        elif byte == ord("{") and mode == _VALUE:
-            stack, mode = (*stack, frozenset()), _KEY
-        elif byte == ord("[") and mode == _VALUE:
-            stack, mode = (*stack, None), _VALUE
-        elif byte == _QUOTE:
-            mode, key = (_IN_KEY, b"") if mode == _KEY else (_IN_STRING, key)
-        elif byte in b"}]":
-            stack, mode = stack[:-1], _AFTER
-        elif byte == ord(","):
-            mode = _KEY if stack and stack[-1] is not None else _VALUE
-        elif byte == ord(":"):
-            mode = _VALUE
-        elif mode == _VALUE:
-            mode = _SCALAR
-    return mode, stack, key, False
+class _Duplicate(Exception):
+    """A key completed a second time in its object."""
+
+
+class _Keys:
+    """The scan's events, kept as each open container's keys (mutable: one per advance)."""
+
+    __slots__ = ("stack",)
+
+    def __init__(self, stack: tuple[Frame, ...]) -> None:
+        self.stack = stack
+
+    def open(self, is_object: bool) -> None:
+        self.stack = (*self.stack, frozenset() if is_object else None)
+
+    def close(self) -> None:
+        self.stack = self.stack[:-1]
+
+    def key(self, text: bytes) -> None:
+        keys, key = self.stack[-1] or frozenset(), text[1:-1]
+        if key in keys:
+            raise _Duplicate
+        self.stack = (*self.stack[:-1], keys | {key})
+
+    def value(self, text: bytes) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +72,8 @@ class KeyState:
     """Where the output stands in its JSON value, and the keys of every open object. Immutable."""
 
     vocab: KeyVocab
-    mode: int = _VALUE
-    stack: tuple[Frame, ...] = ()
-    key: bytes = b""  # the key being written (mode _IN_KEY / _KEY_ESCAPE), as written
+    scan: JsonScan = START
+    stack: tuple[Frame, ...] = ()  # per open container, as ``scan.open``
 
     @classmethod
     def initial(cls, info: TokenizerInfo) -> KeyState:
@@ -104,9 +84,18 @@ class KeyState:
         return self.advance_bytes(self.vocab.texts[token_id])
 
     def advance_bytes(self, data: bytes) -> KeyState | None:
-        """The state after ``data``; None when it would complete a key its object already has."""
-        mode, stack, key, duplicate = _scan(self.mode, self.stack, self.key, data)
-        return None if duplicate else KeyState(self.vocab, mode, stack, key)
+        """The state after ``data``; None when it would complete a key its object already has (or is not
+        JSON: the grammar refuses it too)."""
+        if self.scan.passes(data):
+            return self
+        keys = _Keys(self.stack)
+        try:
+            scan = self.scan.feed(data, keys, texts=False)  # keys only: a string value costs nothing per token
+        except (_Duplicate, JsonSyntaxError):
+            return None
+        if scan is self.scan and keys.stack is self.stack:
+            return self
+        return KeyState(self.vocab, scan, keys.stack)
 
     def forbid_duplicates(
         self,
@@ -116,17 +105,18 @@ class KeyState:
         """Clear from ``row`` every token that would complete a key its object already has."""
         if not any(frame for frame in self.stack):
             return  # no object holds a key yet (a token completing two equal keys at once is not a word)
-        vocab = self.vocab
+        vocab, mode = self.vocab, self.scan.mode
         banned: list[int] = []
-        if self.mode in (_IN_KEY, _KEY_ESCAPE):
+        if mode in (IN_KEY, KEY_ESCAPE):
+            written_so_far = self.scan.text[1:]
             for written in self.stack[-1] or ():
-                if written.startswith(self.key):
-                    prefix = written[len(self.key) :] + b'"'
+                if written.startswith(written_so_far):
+                    prefix = written[len(written_so_far) :] + b'"'
                     lo = bisect.bisect_left(vocab.sorted_texts, prefix)
                     hi = bisect.bisect_left(vocab.sorted_texts, prefix + b"\xff", lo)
                     banned += vocab.sorted_ids[lo:hi]
         # from inside a string value, a token must close it, then open and close a key: three quotes
-        ids = vocab.multi_quote[self.mode == _IN_STRING]  # [m] int64
+        ids = vocab.multi_quote[mode == IN_STRING]  # [m] int64
         allowed = allowed_among(row, ids)  # [k] int64
         banned += [token for token in allowed.tolist() if self.advance(token) is None]
         clear_bits(row, banned)

@@ -5,7 +5,7 @@ superset) and marks them; here the :class:`~constrain.match.matcher.Matcher` enf
 boundaries*: the token that would complete a value (a string's closing quote, a number's end, an
 item's ``,`` or ``]``, an object's ``}``, EOS after a root scalar) is masked out when the completed
 value cannot be valid, and the model writes another value instead. :class:`ValueState` follows the
-output byte by byte as JSON values being built, and asks the schema's checks (:class:`Checks`:
+output with :mod:`constrain.jsonscan` as JSON values being built, and asks the schema's checks (:class:`Checks`:
 :class:`constrain.match.checks.ValueChecks`, which says how a value is judged) about each value it
 sees complete.
 
@@ -30,6 +30,21 @@ import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
+from constrain.jsonscan import (
+    AFTER,
+    COLON,
+    IN_KEY,
+    IN_STRING,
+    KEY_ESCAPE,
+    OUTSIDE,
+    SCALAR,
+    START,
+    STRING_ESCAPE,
+    VALUE,
+    VALUE_MODES,
+    JsonScan,
+    JsonSyntaxError,
+)
 from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
 from constrain.match.vocab import ValueVocab, value_vocab
 
@@ -77,15 +92,9 @@ class Checks(Protocol):
 
 
 # -- the scanner ------------------------------------------------------------------------------
-# modes, as in constrain.match.keys
-_VALUE, _KEY, _IN_KEY, _KEY_ESCAPE, _COLON, _IN_STRING, _STRING_ESCAPE, _SCALAR, _AFTER = range(9)
-_OUTSIDE = (_VALUE, _KEY, _COLON, _AFTER)  # outside strings and scalars
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_WHITESPACE = frozenset(b" \t\n\r")
 _CLOSERS = frozenset(b",]}")
 _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
 _WHITESPACE_RUN = regex.compile(rb"[ \t\n\r]+")
-_STRING_SPECIAL = regex.compile(rb'["\\]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +115,72 @@ class _Violation(Exception):
     """A completed value that cannot be valid where it stands."""
 
 
+class _Values:
+    """The scan's events, as values built and checked in their containers (mutable: one per advance).
+    ``strict=False``: nothing is checked, every value is taken as it is."""
+
+    __slots__ = ("checks", "stack", "strict")
+
+    def __init__(self, checks: Checks, stack: tuple[_Frame, ...], strict: bool) -> None:
+        self.checks, self.stack, self.strict = checks, stack, strict
+
+    def open(self, is_object: bool) -> None:
+        self.stack = (*self.stack, _Frame(_location(self.checks, self.stack), is_object))
+
+    def close(self) -> None:
+        top = self.stack[-1]
+        self.stack = self.stack[:-1]
+        self._complete(top.value())
+
+    def key(self, text: bytes) -> None:
+        """A completed key: checked (``propertyNames``, ``maxProperties``) where its object is checked as
+        it grows."""
+        stack, checks, key = self.stack, self.checks, _parse(text)
+        top = stack[-1]
+        if self.strict and isinstance(key, str) and checks.grows_checked(top.location):
+            if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
+                raise _Violation
+        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key))
+
+    def value(self, text: bytes) -> None:
+        self._complete(_parse(text))
+
+    def _complete(self, value: Any) -> None:
+        """Record a completed value: check it, add it to its container, check the container."""
+        checks, stack = self.checks, self.stack
+        if self.strict:
+            location = _location(checks, stack)
+            if checks.must_check(location) and not checks.accepts(location, value):
+                raise _Violation
+        if not stack:
+            return
+        top = stack[-1]
+        grown = _Frame(top.location, top.is_object, (*top.items, (top.key, value) if top.is_object else value))
+        if (
+            self.strict
+            and checks.grows_checked(top.location)
+            and not checks.accepts(top.location, grown.value(), prefix=True)
+        ):
+            raise _Violation
+        self.stack = (*stack[:-1], grown)
+
+
+def _location(checks: Checks, stack: tuple[_Frame, ...]) -> Dnf:
+    """The location of the value being written under ``stack`` (not while a key is)."""
+    if not stack:
+        return checks.root_location
+    top = stack[-1]
+    return checks.child(top.location, top.key if top.key is not None else len(top.items))
+
+
 @dataclass(frozen=True, slots=True)
 class ValueState:
     """The output as JSON values being built, and where each stands in the schema. Immutable."""
 
     checks: Checks
     vocab: ValueVocab
-    mode: int = _VALUE
-    stack: tuple[_Frame, ...] = ()
-    text: bytes = b""  # the string, key or scalar being written, as written
+    scan: JsonScan = START
+    stack: tuple[_Frame, ...] = ()  # per open container, as ``scan.open``
     # this state's own (one entry, "candidates"): it goes with the state, so it needs no bound
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -126,22 +192,35 @@ class ValueState:
     # -- advancing --------------------------------------------------------------------------
     def advance(self, token_id: int, *, strict: bool = True) -> ValueState | None:
         """The state after ``token_id``; None when it would complete a value that cannot be valid
-        (``strict=False``: never None, the value is taken as it is)."""
+        (``strict=False``: values are taken as they are, None only for text that is not JSON)."""
         return self.advance_bytes(self.vocab.texts[token_id], strict=strict)
 
     def advance_bytes(self, data: bytes, *, strict: bool = True) -> ValueState | None:
-        """The state after ``data``; None when it would complete a value that cannot be valid."""
+        """The state after ``data``; None when it would complete a value that cannot be valid, or when
+        ``data`` cannot continue the JSON text (the grammar refuses it too)."""
+        return self.advance_value(data, strict=strict, stop=False)[0]
+
+    def advance_value(self, data: bytes, *, strict: bool = True, stop: bool = True) -> tuple[ValueState | None, int]:
+        """As :meth:`advance_bytes`, stopping where the top-level value completes (``stop``); also returns
+        how many bytes of ``data`` were read (see :meth:`~constrain.jsonscan.JsonScan.feed_value`)."""
+        values = _Values(self.checks, self.stack, strict)
         try:
-            return self._scan(data, strict)
-        except _Violation:
-            return None
+            scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
+        except (_Violation, JsonSyntaxError):
+            return None, 0
+        if (
+            strict
+            and scan.mode == SCALAR
+            and scan.text[:1] in _NUMBER_START
+            and not self.checks.number_viable(_location(self.checks, values.stack), scan.text)
+        ):
+            return None, 0  # a number no digit can make valid (multipleOf): refused as it is written
+        return ValueState(self.checks, self.vocab, scan, values.stack), read
 
     def can_end(self) -> bool:
         """Whether the output may end here (a root scalar being written is completed first)."""
-        if self.mode != _SCALAR or self.stack:
-            return True
         try:
-            self._complete(self.stack, _parse(self.text), True)
+            self.scan.end(_Values(self.checks, self.stack, True))
         except _Violation:
             return False
         return True
@@ -149,7 +228,7 @@ class ValueState:
     @property
     def finished(self) -> bool:
         """Whether a whole value was written (a root value complete; only whitespace may follow)."""
-        return self.mode == _AFTER and not self.stack
+        return self.scan.finished
 
     def digest(self) -> int:
         """A hash of the open containers' contents where a check of the container itself depends on them
@@ -163,121 +242,31 @@ class ValueState:
         ]
         return hash(json.dumps(held, sort_keys=True, default=repr)) if any(held) else 0
 
-    def _location(self, stack: tuple[_Frame, ...]) -> Dnf:
-        """The location of the value being written under ``stack`` (not while a key is)."""
-        if not stack:
-            return self.checks.root_location
-        top = stack[-1]
-        return self.checks.child(top.location, top.key if top.key is not None else len(top.items))
-
-    def _complete(self, stack: tuple[_Frame, ...], value: Any, strict: bool) -> tuple[_Frame, ...]:
-        """Record a completed value: check it, add it to its container, check the container."""
-        checks = self.checks
-        if strict:
-            location = self._location(stack)
-            if checks.must_check(location) and not checks.accepts(location, value):
-                raise _Violation
-        if not stack:
-            return stack
-        top = stack[-1]
-        if top.is_object and top.key is None:
-            return stack  # a value where a key belongs: not JSON, and the grammar refuses it
-        grown = _Frame(top.location, top.is_object, (*top.items, (top.key, value) if top.is_object else value))
-        if (
-            strict
-            and checks.grows_checked(top.location)
-            and not checks.accepts(top.location, grown.value(), prefix=True)
-        ):
-            raise _Violation
-        return (*stack[:-1], grown)
-
-    def _name(self, stack: tuple[_Frame, ...], key: Any, strict: bool) -> tuple[_Frame, ...]:
-        """Record a completed key; check it (``propertyNames``, ``maxProperties``) where its object is
-        checked as it grows."""
-        top, checks = stack[-1], self.checks
-        if strict and isinstance(key, str) and checks.grows_checked(top.location):
-            if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
-                raise _Violation
-        return (*stack[:-1], _Frame(top.location, top.is_object, top.items, key))
-
-    def _scan(self, data: bytes, strict: bool) -> ValueState:
-        mode, stack, text = self.mode, self.stack, self.text
-        at, end = 0, len(data)
-        while at < end:
-            if mode in (_IN_STRING, _IN_KEY):  # the plain run up to the next quote or backslash, at once
-                special = _STRING_SPECIAL.search(data, at)
-                stop = special.start() if special else end
-                text, at = text + data[at:stop], stop
-                if at == end:
-                    break
-            byte = data[at]
-            at += 1
-            if mode in (_IN_STRING, _IN_KEY):
-                text += bytes((byte,))
-                if byte == _BACKSLASH:
-                    mode = _STRING_ESCAPE if mode == _IN_STRING else _KEY_ESCAPE
-                elif byte == _QUOTE and mode == _IN_KEY:
-                    stack, mode = self._name(stack, _parse(text), strict), _COLON
-                elif byte == _QUOTE:
-                    stack, mode = self._complete(stack, _parse(text), strict), _AFTER
-                continue
-            if mode in (_STRING_ESCAPE, _KEY_ESCAPE):
-                text, mode = text + bytes((byte,)), _IN_STRING if mode == _STRING_ESCAPE else _IN_KEY
-                continue
-            if mode == _SCALAR:
-                if byte not in _WHITESPACE and byte not in _CLOSERS:
-                    text += bytes((byte,))
-                    continue
-                stack, mode = self._complete(stack, _parse(text), strict), _AFTER
-            if byte in _WHITESPACE:
-                continue
-            if byte == _QUOTE:
-                mode, text = (_IN_KEY if mode == _KEY else _IN_STRING), b'"'
-            elif byte in b"{[" and mode == _VALUE:
-                stack = (*stack, _Frame(self._location(stack), byte == ord("{")))
-                mode = _KEY if byte == ord("{") else _VALUE
-            elif byte in b"}]" and stack:
-                stack, mode = self._complete(stack[:-1], stack[-1].value(), strict), _AFTER
-            elif byte == ord(","):
-                mode = _KEY if stack and stack[-1].is_object else _VALUE
-            elif byte == ord(":"):
-                mode = _VALUE
-            elif mode == _VALUE:
-                mode, text = _SCALAR, bytes((byte,))
-        if (
-            strict
-            and mode == _SCALAR
-            and text[:1] in _NUMBER_START
-            and not self.checks.number_viable(self._location(stack), text)
-        ):
-            raise _Violation  # a number no digit can make valid (multipleOf): refused as it is written
-        return ValueState(self.checks, self.vocab, mode, stack, text)
-
     # -- masking ----------------------------------------------------------------------------
     def _candidates(self) -> tuple[np.ndarray | None, bool]:
         """``[k]`` int64: the token ids whose completion of a value may fail a check (a superset), or
         None when no value that can complete from here is checked; and whether the value being written
         is checked itself (its own location, or its container as it grows)."""
         if "candidates" not in self._memo:
-            checks, stack, vocab = self.checks, self.stack, self.vocab
+            checks, stack, vocab, mode = self.checks, self.stack, self.vocab, self.scan.mode
             outer = any(checks.must_check(f.location) or checks.grows_checked(f.location) for f in stack)
-            here = self.mode in (_VALUE, _IN_STRING, _STRING_ESCAPE, _SCALAR) and (
-                checks.must_check(self._location(stack)) or bool(stack and checks.grows_checked(stack[-1].location))
+            here = (mode in VALUE_MODES or mode in (IN_STRING, STRING_ESCAPE, SCALAR)) and (
+                checks.must_check(_location(checks, stack)) or bool(stack and checks.grows_checked(stack[-1].location))
             )
             found: np.ndarray | None
             if not (outer or here):
                 found = None
-            elif self.mode in (_IN_STRING, _STRING_ESCAPE):  # completes the string; then only a closer goes on
+            elif mode in (IN_STRING, STRING_ESCAPE):  # completes the string; then only a closer goes on
                 found = vocab.quote if here else vocab.quote_closer
-            elif self.mode == _SCALAR:  # completes the scalar at whitespace or a closer, or (a number)
+            elif mode == SCALAR:  # completes the scalar at whitespace or a closer, or (a number)
                 found = vocab.spaced if here else vocab.closer  # makes it one no digit can make valid
-                if here and checks.number_checked(self._location(stack)):
+                if here and checks.number_checked(_location(checks, stack)):
                     found = vocab.spaced_numeric
-            elif self.mode in (_IN_KEY, _KEY_ESCAPE):  # completes the key (checked as its object grows), then a value
+            elif mode in (IN_KEY, KEY_ESCAPE):  # completes the key (checked as its object grows), then a value
                 found = vocab.quote if stack and checks.grows_checked(stack[-1].location) else vocab.key_end
             else:
                 found = vocab.value_end
-                if here and self.mode == _VALUE and checks.number_checked(self._location(stack)):
+                if here and mode in VALUE_MODES and checks.number_checked(_location(checks, stack)):
                     found = vocab.value_end_numeric
             self._memo["candidates"] = found, here
         return self._memo["candidates"]  # type: ignore[no-any-return]
@@ -301,7 +290,7 @@ class ValueState:
         token completes a value that cannot be valid.
         """
         ids, here = self._candidates()
-        if ids is None and self.mode != _SCALAR:
+        if ids is None and self.scan.mode != SCALAR:
             return VIABLE
         words = row.numpy()  # [ceil(V / 32)] int32, a view: writes go to ``row``
         banned: list[int] = []
@@ -335,7 +324,7 @@ class ValueState:
         check here can refuse (neither a candidate nor EOS). False says nothing. Reads ``row`` only."""
         ids, _ = self._candidates()
         words = row.numpy()  # [ceil(V / 32)] int32, a view
-        if ids is None and self.mode != _SCALAR:
+        if ids is None and self.scan.mode != SCALAR:
             return bool(words.any())
         refusable = (0 if ids is None else len(allowed_among(words, ids))) + sum(
             is_allowed(words, token) for token in eos_token_ids
@@ -353,7 +342,7 @@ class ValueState:
         token is left (not headed for a dead end): the check of one token, what a sampled token costs.
         ``allowed()``: how many tokens the row allows (asked only where look-ahead may apply)."""
         ids, here = self._candidates()
-        if ids is None and self.mode != _SCALAR:
+        if ids is None and self.scan.mode != SCALAR:
             return False
         if ids is not None and _holds(ids, token) and self._violations([token]):
             return True
@@ -372,15 +361,15 @@ class ValueState:
         nothing checks that value), then the rest, scanned only where it completes something.
         Outside strings only the structure counts: texts differing in whitespace runs alone are
         scanned once."""
-        texts, found = self.vocab.texts, []
+        texts, found, mode = self.vocab.texts, [], self.scan.mode
         verdicts: dict[bytes, bool] = {}
         heads: dict[bytes, ValueState | None] = {}
-        splits = self.mode in (_IN_STRING, _IN_KEY)
+        splits = mode in (IN_STRING, IN_KEY)
         inert_from = None  # the mode a token's rest is read in where it may be inert (see ``_inert``)
         if self.stack and splits and self._completes_unchecked():
-            inert_from = _COLON if self.mode == _IN_KEY else _AFTER
-        elif self.stack and self.mode in _OUTSIDE:
-            inert_from = self.mode
+            inert_from = COLON if mode == IN_KEY else AFTER
+        elif self.stack and mode in OUTSIDE:
+            inert_from = mode
         in_object = bool(self.stack) and self.stack[-1].is_object
         for token in tokens:
             text = texts[token]
@@ -408,7 +397,7 @@ class ValueState:
         top, checks = self.stack[-1], self.checks
         if checks.grows_checked(top.location):
             return False
-        return self.mode == _IN_KEY or not checks.must_check(self._location(self.stack))
+        return self.scan.mode == IN_KEY or not checks.must_check(_location(checks, self.stack))
 
     def _dead_ends(
         self,
@@ -469,13 +458,14 @@ class _Completions:
 
 @bounded("match.values.inert", maxsize=65536)
 def _inert(text: bytes, mode: int, in_object: bool) -> bool:
-    """Whether ``text``, read in scanner ``mode`` inside an open object (``in_object``) or array, completes
-    no value, no key, no container and writes no number (one of :data:`_VALUE`, :data:`_KEY`,
-    :data:`_COLON`, :data:`_AFTER`): such a token cannot be refused by any check there."""
-    assert mode in _OUTSIDE, "only modes outside strings and scalars"
-    key = "" if in_object and mode in (_VALUE, _COLON) else None  # a value's key is written already
+    """Whether ``text``, read in scanner ``mode`` (one of :data:`~constrain.jsonscan.OUTSIDE`) inside an
+    open object (``in_object``) or array, completes no value, no key, no container and writes no number:
+    such a token cannot be refused by any check there. Text that is not JSON there is not inert."""
+    assert mode in OUTSIDE, "only modes outside strings and scalars"
+    key = "" if in_object and mode in (VALUE, COLON) else None  # a value's key is written already
     frame = _Frame(_Completions.root_location, in_object, (), key)
-    probe = ValueState(_Completions(), None, mode, (frame,))  # type: ignore[arg-type]  # no vocab: bytes only
+    scan = JsonScan(mode, b"{" if in_object else b"[")
+    probe = ValueState(_Completions(), None, scan, (frame,))  # type: ignore[arg-type]  # no vocab: bytes only
     return probe.advance_bytes(text) is not None
 
 

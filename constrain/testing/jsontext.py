@@ -1,92 +1,75 @@
-"""Scanning JSON text without parsing it: its structural characters, and where an offset stands.
+"""Where JSON text stands, read with :mod:`constrain.jsonscan`: its structural characters, and the context of an offset.
 
 The APIs in this module serve testing and measurement and are prone to change.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
+
+from constrain.jsonscan import (
+    AFTER,
+    COLON,
+    IN_KEY,
+    IN_STRING,
+    KEY_ESCAPE,
+    KEY_MODES,
+    OUTSIDE,
+    SCALAR,
+    START,
+    STRING_ESCAPE,
+)
 
 __all__ = ["json_context", "structural_characters"]
 
 
 def structural_characters(text: str) -> Iterator[tuple[int, str, int]]:
-    """The structural characters of JSON ``text`` outside strings: (index, character, containers open before it)."""
-    depth = 0
-    in_string = escaped = False
+    """The structural characters of JSON ``text`` outside strings: (index, character, containers open
+    before it; for a closing bracket, after it). Raises ValueError where ``text`` is not JSON."""
+    scan = START
     for index, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[,:]}":
-            if ch in "]}":
-                depth -= 1
-            yield index, ch, depth
-            if ch in "{[":
-                depth += 1
+        before, scan = scan, scan.feed(ch.encode(), texts=False)
+        if ch in "{[,:]}" and (before.mode in OUTSIDE or before.mode == SCALAR):
+            yield index, ch, min(before.depth, scan.depth)
+
+
+class _Path:
+    """The scan's events, as the key or index of the member being written in each open container."""
+
+    def __init__(self) -> None:
+        self.frames: list[list[Any]] = []  # per open container: [is_object, key or index]
+
+    def open(self, is_object: bool) -> None:
+        self.frames.append([is_object, None if is_object else 0])
+
+    def close(self) -> None:
+        self.frames.pop()
+        self.value(b"")
+
+    def key(self, text: bytes) -> None:
+        self.frames[-1][1] = json.loads(text)
+
+    def value(self, text: bytes) -> None:
+        if self.frames and not self.frames[-1][0]:
+            self.frames[-1][1] += 1
 
 
 def json_context(text: str, offset: int) -> tuple[tuple[str | int, ...], str]:
     """Where ``text[offset]`` stands: the path of the value (or, between members, of the container) and
     one of ``"key"``, ``"string"``, ``"scalar"`` (a number or literal), ``"value"`` (a value starts
-    there), ``"after value"`` (a member ended: ``,``, ``}``, ``]`` or whitespace follow) or ``"end"``."""
-    frames: list[list[Any]] = []  # per open container: [kind, key or index, expecting a key]
-    in_string = escaped = is_key = scalar = after = False
-    key: list[str] = []
-    for ch in text[:offset]:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if is_key:
-                    frames[-1][1] = "".join(key)
-                else:
-                    after = True
-                continue
-            if is_key:
-                key.append(ch)
-            continue
-        if scalar and (ch.isspace() or ch in ",]}"):
-            scalar, after = False, True
-        if ch == '"':
-            is_key = bool(frames) and frames[-1][0] == "object" and frames[-1][2]
-            in_string, key, after = True, [], False
-        elif ch in "{[":
-            frames.append(["object", None, True] if ch == "{" else ["array", 0, False])
-            after = False
-        elif ch in "]}":
-            if frames:
-                frames.pop()
-            after = True
-        elif ch == ",":
-            if frames and frames[-1][0] == "object":
-                frames[-1][1:] = [None, True]
-            elif frames:
-                frames[-1][1] += 1
-            after = False
-        elif ch == ":":
-            if frames:
-                frames[-1][2] = False
-            after = False
-        elif not ch.isspace():
-            scalar = True
-    path = tuple(f[1] for f in frames if not (f[0] == "object" and f[2]))
-    if in_string:
-        return (path, "key") if is_key else (path, "string")
-    if scalar:
-        return path, "scalar"
-    if frames and frames[-1][0] == "object" and frames[-1][2]:
-        return path, "key"
-    if after:
-        return (path[:-1], "after value") if frames else ((), "end")
-    return path, "value"
+    there), ``"after value"`` (a member ended: ``,``, ``}``, ``]`` or whitespace follow) or ``"end"``.
+    Keys in the path are decoded. Raises ValueError where ``text[:offset]`` is not the start of JSON."""
+    path = _Path()
+    mode = START.feed(text[:offset].encode(), path, texts=False).mode
+    keys = tuple(key for _, key in path.frames)
+    if mode in KEY_MODES or mode in (IN_KEY, KEY_ESCAPE, COLON):  # the object's member is not written yet
+        return keys[:-1], "key"
+    if mode in (IN_STRING, STRING_ESCAPE):
+        return keys, "string"
+    if mode == SCALAR:
+        return keys, "scalar"
+    if mode == AFTER:
+        return (keys[:-1], "after value") if path.frames else ((), "end")
+    return keys, "value"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from constrain.jsonscan import START, JsonSyntaxError
 from constrain.tools.definitions import Tool
 from constrain.tools.formats import CALL_END, CALL_OPEN, NAME_END, ToolFormat
 
@@ -119,8 +120,7 @@ class ToolCallParser:
         self._calls: list[tuple[str, str]] = []  # (id, name)
         self._arguments: list[str] = []
         self._complete = 0  # calls whose arguments are complete
-        self._depth = 0  # of the arguments' JSON brackets
-        self._in_string = self._escaped = False
+        self._json = START  # the arguments being written
         self._violations: list[str] = []
         self._finished = False
         self._state = "text" if not self._tools else "content" if choice == "auto" else "literal"
@@ -251,31 +251,24 @@ class ToolCallParser:
         return False
 
     def _scan_arguments(self, deltas: list[ToolCallDelta]) -> bool:
-        """Pass on the arguments' text up to the bracket that closes them (strings and escapes aware)."""
+        """Pass on the arguments' text up to where their JSON object ends (read by :mod:`constrain.jsonscan`)."""
         pending = self._pending
-        for i, ch in enumerate(pending):
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
-            elif self._depth == 0 and ch != "{":
-                return self._fail("expected the arguments' JSON object")
-            elif ch == '"':
-                self._in_string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self._emit_arguments(i + 1, deltas)
-                    self._complete += 1
-                    self._state, self._literal, self._then = "literal", CALL_END, "after_call"
-                    return True
-        self._emit_arguments(len(pending), deltas)
-        return False
+        if self._json is START and not pending.startswith("{"):
+            return self._fail("expected the arguments' JSON object")
+        data = pending.encode()
+        try:
+            self._json, read = self._json.feed_value(data, texts=False)
+        except JsonSyntaxError as err:  # the arguments up to the culprit go out; the call stays incomplete
+            self._emit_arguments(len(data[: err.position].decode()), deltas)
+            return self._fail(f"the arguments are not JSON: {err.reason}")
+        if not self._json.finished:
+            self._emit_arguments(len(pending), deltas)
+            return False
+        self._emit_arguments(len(data[:read].decode()), deltas)
+        self._complete += 1
+        self._json = START
+        self._state, self._literal, self._then = "literal", CALL_END, "after_call"
+        return True
 
     def _emit_arguments(self, n: int, deltas: list[ToolCallDelta]) -> None:
         chunk = self._take(n)

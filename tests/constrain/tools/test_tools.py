@@ -337,6 +337,10 @@ def test_parse_reports_violations():
     with pytest.raises(ValueError, match="not given as a Python function"):
         raw.tool_calls[0].run()
     assert "unknown tool 'nope'" in spec.parse(call("nope", "{}")).violations[0]
+    broken = spec.parse(call("raw", '{"x": [1}'))
+    assert broken.violations[0].startswith("the arguments are not JSON: expected ',' or ']', got '}' at character")
+    assert broken.tool_calls[0].arguments_json == '{"x": [1' and broken.tool_calls[0].arguments is None
+    assert "expected the arguments' JSON object" in spec.parse(call("raw", " {}")).violations[0]
     cut = spec.parse(call("get_weather", ONE)[:-20])
     assert "ended inside the tool calls" in cut.violations[0] and cut.tool_calls[0].arguments is None
     assert "text after the tool calls" in spec.parse(call("get_weather", ONE) + " ok").violations[0]
