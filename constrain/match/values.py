@@ -179,7 +179,7 @@ class ValueState:
 
     checks: Checks
     vocab: ValueVocab
-    scan: JsonScan = START
+    scan: JsonScan = START  # its text: as written, but inside a string nothing checks (see ``advance_value``)
     stack: tuple[_Frame, ...] = ()  # per open container, as ``scan.open``
     # this state's own (one entry, "candidates"): it goes with the state, so it needs no bound
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -202,7 +202,13 @@ class ValueState:
 
     def advance_value(self, data: bytes, *, strict: bool = True, stop: bool = True) -> tuple[ValueState | None, int]:
         """As :meth:`advance_bytes`, stopping where the top-level value completes (``stop``); also returns
-        how many bytes of ``data`` were read (see :meth:`~constrain.jsonscan.JsonScan.feed_value`)."""
+        how many bytes of ``data`` were read (see :meth:`~constrain.jsonscan.JsonScan.feed_value`).
+
+        A run inside a string that nothing checks (neither the string, nor any container open around it:
+        ``_candidates`` finds none) returns this very state: the string's text is never read, so it is
+        not kept (``scan.text`` then lacks the run), and a long string costs nothing per token."""
+        if self.scan.passes(data) and self._candidates()[0] is None:
+            return self, len(data)
         values = _Values(self.checks, self.stack, strict)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))

@@ -193,6 +193,31 @@ def test_matcher_state_follows_rollback_and_fork(smol_tokenizer):
     assert not twin.accept_token(close) and twin.accept_tokens(token_ids(smol_tokenizer, "0]")) == 2
 
 
+def test_a_string_nothing_checks_is_not_kept(smol_tokenizer):
+    """Inside a string that neither it nor its containers check, a run of text returns the very state (its
+    text is never read): O(1) per token. The verdicts after it equal those of a state that kept every byte."""
+    from constrain.testing import token_ids
+
+    tags = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    schema = {"type": "object", "properties": {"note": {"type": "string"}, "tags": tags}, "required": ["note", "tags"]}
+    compiled = constrain.compile(constrain.json_schema(schema, mode="generation"), smol_tokenizer)
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"note": "')
+    state = matcher._values.state
+    run = token_ids(smol_tokenizer, "a long note, written over many tokens with no quote in them")
+    for token in run:
+        assert matcher.accept_token(token)
+        assert matcher._values.state is state  # unchanged: nothing kept
+    rest = '", "tags": ["a", "b", "a'
+    assert matcher.accept_tokens(token_ids(smol_tokenizer, rest)) == len(token_ids(smol_tokenizer, rest))
+    kept = state.advance_bytes(smol_tokenizer.decode(run).encode() + rest.encode())
+    skipped = matcher._values.state
+    assert kept is not None and kept.scan.text == skipped.scan.text == b'"a'
+    tokens = list(range(len(skipped.vocab.texts)))
+    refused = skipped._violations(tokens)
+    assert refused == kept._violations(tokens) and token_ids(smol_tokenizer, '"')[0] in refused  # "a" again
+
+
 ENUM_SET = {
     "type": "array",
     "items": {"enum": ["red", "green", "blue", "black"]},
