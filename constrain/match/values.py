@@ -92,7 +92,6 @@ class Checks(Protocol):
 
 
 # -- the scanner ------------------------------------------------------------------------------
-_CLOSERS = frozenset(b",]}")
 _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
 _WHITESPACE_RUN = regex.compile(rb"[ \t\n\r]+")
 
