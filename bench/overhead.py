@@ -12,10 +12,20 @@ Per batch size, greedy, at most ``--tokens`` steps (times are per step: the runs
 
 Prints, per run, ms per step of each stage (the loop's own timings: forward, mask, sampler, checks,
 stop+detokenize) and what the constraint's own stages (mask, checks, stop+detokenize) add per step, as a
-share of the unconstrained step. Medians of ``--repeats`` runs, taken round robin.
+share of the unconstrained step, and the whole step against the unconstrained one. Medians of ``--repeats``
+runs, taken round robin.
 
-Usage: ``python bench/overhead.py [--repeats 3] [--tokens 48] [--batches 1,8,64] [--json PATH]`` (``--json``: the
-machine and every row's ms per stage, e.g. ``bench/results/overhead.json``, which ``bench/plots.py`` reads)
+On a GPU the forward pass is launched, not waited for: its time shows in the stage that next waits for
+the device (the sampler's), and the mask's is what is left of the fill once the forward is launched (the
+loop fills the masks on a worker thread beside it). The step ratio is then the figure to read.
+
+``--random-weights``: the model folder's ``config.json`` with random weights (seed 0) and its tokenizer, for a
+machine without the model's package (a GPU machine reaches no registry): the forward costs what the
+architecture costs, while the text written, and so the constraint's work, is a random model's.
+
+Usage: ``python bench/overhead.py [--repeats 3] [--tokens 48] [--batches 1,8,64] [--device cuda] [--model NAME_OR_PATH
+[--random-weights]] [--json PATH]`` (``--json``: the machine and every row's ms per stage, e.g.
+``bench/results/overhead.json``, which ``bench/plots.py`` reads)
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import constrain  # noqa: E402
 from bench.machine import machine_info, machine_line  # noqa: E402
 from constrain.decode import loop, masks  # noqa: E402
+from constrain.models.loading import default_dtype  # noqa: E402
 
 gen = importlib.import_module("constrain.generation")
 
@@ -108,20 +119,43 @@ def measure(handle: constrain.ModelHandle, run: str, batch: int, tokens: int) ->
     return time.perf_counter() - start, steps[0], timings
 
 
+def load(model: str | None, device: str, random_weights: bool) -> constrain.ModelHandle:
+    """The model to time: ``constrain.load_model``'s, or with ``random_weights`` the folder's architecture
+    with random weights (seed 0) and its tokenizer, in the device's default dtype."""
+    if not random_weights:
+        return constrain.load_model(model, device=device)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model is None:
+        raise SystemExit("--random-weights needs --model: a folder with config.json and the tokenizer's files")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        weights = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
+    pair = (weights, constrain.load_tokenizer(model))
+    return constrain.load_model(pair, device=device, dtype=default_dtype(torch.device(device)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--device", default="cpu", help="the torch device the model runs on (e.g. cuda)")
+    parser.add_argument("--model", default=None, help="a packaged model's name, a .gguf file or a model folder")
+    parser.add_argument("--random-weights", action="store_true", help="--model's config.json with random weights")
     parser.add_argument("--json", type=Path, default=None, help="also write the machine and every row's ms here")
     args = parser.parse_args()
-    print(machine_line())
-    handle = constrain.load_model()
-    print(f"model {handle.name}; greedy, {args.tokens} tokens a row at most, no jump-forward nor speculation; "
-          f"ms per step, medians of {args.repeats}\n")  # fmt: skip
+    print(machine_line(args.device))
+    handle = load(args.model, args.device, args.random_weights)
+    weights = ", random weights" if args.random_weights else ""
+    dtype = next(handle.model.parameters()).dtype
+    print(f"model {handle.name}{weights} on {args.device}, {dtype}; greedy, {args.tokens} tokens a row at most, "
+          f"no jump-forward nor speculation; ms per step, medians of {args.repeats}\n")  # fmt: skip
     stages = ("forward", "mask", "sampler", "checks", "stop+detokenize")
-    print(f"| run | batch | steps | {' | '.join(stages)} | step | constraint's stages / unconstrained step |")
-    print(f"|---|---|---|{'---|' * len(stages)}---|---|")
+    print(f"| run | batch | steps | {' | '.join(stages)} | step | constraint's stages / unconstrained step "
+          "| step / unconstrained step |")  # fmt: skip
+    print(f"|---|---|---|{'---|' * len(stages)}---|---|---|")
     rows: list[dict[str, Any]] = []
     for batch in map(int, args.batches.split(",")):
         measure(handle, "checked schemas", min(batch, len(CHECKED)), args.tokens)  # compiles, warms the caches
@@ -137,15 +171,23 @@ def main() -> None:
             base = (step, own) if base is None else base
             split = " | ".join(f"{per[stage]:.2f}" for stage in stages)
             added = (own - base[1]) / base[0]
-            print(f"| {run} | {batch} | {steps} | {split} | {step:.2f} | {added:+.1%} |", flush=True)
+            ratio = step / base[0] - 1
+            print(f"| {run} | {batch} | {steps} | {split} | {step:.2f} | {added:+.1%} | {ratio:+.1%} |", flush=True)
             rows.append({"run": run, "batch": batch, "steps": steps, "stages_ms": per, "step_ms": step,
-                         "added_share": added})  # fmt: skip
+                         "added_share": added, "step_ratio": ratio})  # fmt: skip
         if args.json:  # after every batch size: a run stopped early keeps what it measured
             report = {
                 "benchmark": "overhead",
-                "machine": machine_info(),
+                "machine": machine_info(args.device),
                 "model": handle.name,
-                "settings": {"repeats": args.repeats, "tokens": args.tokens, "batches": args.batches, "greedy": True},
+                "settings": {
+                    "repeats": args.repeats,
+                    "tokens": args.tokens,
+                    "batches": args.batches,
+                    "greedy": True,
+                    "device": args.device,
+                    "random_weights": args.random_weights,
+                },
                 "rows": rows,
             }
             args.json.parent.mkdir(parents=True, exist_ok=True)

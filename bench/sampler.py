@@ -29,9 +29,10 @@ top-p, min-p, penalties, ...). Logits are ``randn * 3``; every row has a
 ``passes`` divides a system's time by one ``copy_`` of the ``[B, V]`` float32 logits into a warm buffer:
 the memory passes it costs, if it were bandwidth-bound.
 
-Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick] [--shapes 64x128256,...] [--json PATH]``
-(``--shapes``: only these ``BxV`` pipelines, and no bitmask table; ``--json``: the machine and every
-table's µs, e.g. ``bench/results/sampler.json``, which ``bench/plots.py`` reads)
+Usage: ``python bench/sampler.py [--device cpu|cuda] [--quick] [--shapes 64x128256,...] [--bitmask-only]
+[--json PATH]`` (``--shapes``: only these ``BxV`` pipelines, and no bitmask table; ``--bitmask-only``: the
+bitmask table alone; ``--json``: the machine and every table's µs, e.g. ``bench/results/sampler.json``,
+which ``bench/plots.py`` reads)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,10 @@ from constrain.sampler import (  # noqa: E402
     apply_token_bitmask_inplace,
     sample,
 )
+from constrain.sampler.ops.bitmask import Kernel  # noqa: E402
+
+KERNELS = tuple(k for k in typing.get_args(Kernel) if k != "auto")
+"""The bitmask op's kernels, each timed in the bitmask table."""
 
 MIX = [
     SamplingParams(temperature=0.0),
@@ -300,7 +306,8 @@ def profile_issue_mix(device: str) -> None:
 
 
 def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, float]:
-    """Bitmask application; the three systems interleaved rep by rep, so load drifts hit all alike."""
+    """Bitmask application: the sampler's op (its ``"auto"`` kernel, then each kernel), xgrammar's and a
+    ``masked_fill_`` of a ready bool mask, interleaved rep by rep, so load drifts hit all alike."""
     import xgrammar as xgr
 
     gen = torch.Generator().manual_seed(1)
@@ -311,6 +318,10 @@ def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, f
     ready = torch.rand(batch, vocab, generator=gen).to(device) < 0.5
     systems = {
         "sampler": lambda: apply_token_bitmask_inplace(work, bitmask),
+        **{
+            kernel: lambda kernel=kernel: apply_token_bitmask_inplace(work, bitmask, kernel=kernel)
+            for kernel in KERNELS
+        },
         "xgrammar": lambda: xgr.apply_token_bitmask_inplace(work, bitmask),
         "masked_fill_": lambda: work.masked_fill_(ready, float("-inf")),
     }
@@ -342,6 +353,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, B <= 64")
+    parser.add_argument("--bitmask-only", action="store_true", help="only the bitmask table")
     parser.add_argument("--profile", action="store_true", help="also profile the issue-16 mix op by op")
     parser.add_argument("--isa", choices=["avx2"], help="re-run with torch's and oneDNN's CPU kernels capped")
     parser.add_argument("--json", type=Path, default=None, help="also write the machine and every table's µs here")
@@ -376,28 +388,32 @@ def main() -> None:
     shapes = [(b, v) for v in (49_152, 128_256) for b in batches]
     if args.shapes:
         shapes = [(int(b), int(v)) for b, v in (shape.split("x") for shape in args.shapes.split(","))]
-    for batch, vocab in shapes:
+    for batch, vocab in [] if args.bitmask_only else shapes:
         slow = max(1, min(reps, 200 // batch))
         r = bench_pipeline(batch, vocab, args.device, reps, slow, clock=clock)
         pipeline.append({"batch": batch, "vocab": vocab, "us": r})
         print(_row(batch, vocab, r), flush=True)
-    print("\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)")
-    print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
-    r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0, clock=clock)
-    print(_row(64, 128_256, r), flush=True)
-    mix = {"batch": 64, "vocab": 128_256, "us": r}
+    mix: dict[str, object] = {}
+    if not args.bitmask_only:
+        print(
+            "\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)"
+        )
+        print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
+        r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0, clock=clock)
+        print(_row(64, 128_256, r), flush=True)
+        mix = {"batch": 64, "vocab": 128_256, "us": r}
     if args.profile:
         profile_issue_mix(args.device)
     print("\nBitmask application, µs (median, systems interleaved)")
-    print("| B | V | sampler | xgrammar | masked_fill_ (ready bool mask) |")
-    print("|---|---|---|---|---|")
-    for batch, vocab in [] if args.shapes else [(1, 49_152), (1, 128_256), (64, 128_256)]:
+    print(f"| B | V | sampler (auto) | {' | '.join(KERNELS)} | xgrammar "
+          "| masked_fill_ (ready bool mask) |")  # fmt: skip
+    print(f"|---|---|---|{'---|' * len(KERNELS)}---|---|")
+    for batch, vocab in [] if args.shapes else [(1, 49_152), (1, 128_256), (64, 49_152), (64, 128_256)]:
         r = bench_bitmask(batch, vocab, args.device, reps * 50)
         bitmasks.append({"batch": batch, "vocab": vocab, "us": r})
-        print(
-            f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {r['xgrammar']:,.0f} | {r['masked_fill_']:,.0f} |",
-            flush=True,
-        )
+        kernels = " | ".join(f"{r[kernel]:,.0f}" for kernel in KERNELS)
+        print(f"| {batch} | {vocab:,} | {r['sampler']:,.0f} | {kernels} | {r['xgrammar']:,.0f} "
+              f"| {r['masked_fill_']:,.0f} |", flush=True)  # fmt: skip
     if args.json:
         report = {
             "benchmark": "sampler",

@@ -73,9 +73,10 @@ class LlgState:
         self.matcher = matcher
         self._tokenizer = tokenizer  # llguidance.LLTokenizer
         self._eos = frozenset(eos_token_ids)
-        # per accepted token: 0 a token, 1 EOS, 2 EOS taken when llguidance had already stopped
-        # (it then records no step, so a rollback must not undo one for it)
-        self._history: list[int] = []
+        self._tokens = 0  # tokens accepted before an EOS, if any
+        # the EOS that ended the state: 0 none, 1 EOS, 2 EOS taken when llguidance had already stopped
+        # (it then records no step, so a rollback must not undo one for it); nothing is accepted after it
+        self._end = 0
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         row = bitmask[index]  # [ceil(V / 32)] int32, written in place by llguidance
@@ -91,9 +92,9 @@ class LlgState:
             stopped = self.matcher.is_stopped()
             if not self.matcher.is_accepting() or not self.matcher.consume_token(token_id):
                 return False
-            self._history.append(2 if stopped else 1)
+            self._end = 2 if stopped else 1
         elif self.matcher.try_consume_tokens([token_id]) == 1:
-            self._history.append(0)
+            self._tokens += 1
         else:
             return False
         return True
@@ -104,16 +105,22 @@ class LlgState:
         if taken != len(tokens):
             self.matcher.rollback(taken)
             return False
-        self._history.extend(int(t in self._eos) for t in tokens)
+        if tokens and tokens[-1] in self._eos:  # a special token's text tokenizes to its id: it ends the state
+            self._tokens, self._end = self._tokens + len(tokens) - 1, 1
+        else:
+            self._tokens += len(tokens)
         return True
 
     def rollback(self, num_tokens: int) -> None:
-        undone = self._history[len(self._history) - num_tokens :]
-        self.matcher.rollback(sum(step != 2 for step in undone))
-        del self._history[len(self._history) - num_tokens :]
+        if num_tokens and self._end:
+            self.matcher.rollback(int(self._end == 1))
+            self._end = 0
+            num_tokens -= 1
+        self.matcher.rollback(num_tokens)
+        self._tokens -= num_tokens
 
     def is_terminated(self) -> bool:
-        return bool(self._history) and self._history[-1] != 0
+        return self._end != 0
 
     def is_completed(self) -> bool:
         return bool(self.matcher.is_accepting())
@@ -129,11 +136,11 @@ class LlgState:
 
     def reset(self) -> None:
         self.matcher.reset()
-        self._history.clear()
+        self._tokens = self._end = 0
 
     def fork(self) -> LlgState:
         twin = LlgState(self.matcher.deep_copy(), self._tokenizer, self._eos)
-        twin._history = list(self._history)
+        twin._tokens, twin._end = self._tokens, self._end
         return twin
 
 

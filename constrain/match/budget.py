@@ -156,8 +156,8 @@ caches.register("match.budget.initial_closings", initial_closings.stats)
 
 class Budget:
     """Keeps one constrained request finishable within its ``max_tokens`` (see the module docstring).
-    Mutable, one per request; it never changes its matcher (it probes forks), and expects the matcher to
-    take exactly the tokens :meth:`vet` returns, one per call.
+    Mutable, one per request; it leaves its matcher as it found it (a sampled token is probed in place and
+    undone), and expects the matcher to take exactly the tokens :meth:`vet` returns, one per call.
 
     Raises :class:`~constrain.errors.BudgetError` at construction when no completion of the
     matcher's (initial) state that fits in ``max_tokens`` is found: the greedy closing does not fit,
@@ -200,9 +200,12 @@ class Budget:
         if plan and token == plan[0]:
             self.plan = plan[1:]
             return token
-        probe = self.matcher.fork()
-        if probe.accept_token(token):
-            after = self._after(probe, token, plan, remaining - 1)
+        matcher = self.matcher
+        if matcher.accept_token(token):  # probed in place, then undone: no fork of the engine's state
+            try:
+                after = self._after(matcher, token, plan, remaining - 1)
+            finally:
+                matcher.rollback(1)
             if after is not None:
                 self.plan = after
                 return token
@@ -235,10 +238,16 @@ class Budget:
         :data:`SEARCH_NODES` states. None if none fits. Every path is checked strictly, on a search's
         fork (no value taken as it comes at a dead end: see :class:`~constrain.match.matcher.Matcher`).
         Leaves ``probe`` as it was."""
-        rest, respelled = self._rest(token, plan)
-        for candidate in (rest, plan) if respelled else (plan, rest):
-            if candidate is not None and len(candidate) <= room and probe.completes(candidate):
-                return candidate
+        piece = self._pieces[token]
+        text = b"".join(self._pieces[t] for t in plan)
+        respelled = bool(piece) and text.startswith(piece)
+        if not respelled and len(plan) <= room and probe.completes(plan):  # the common case: no encoding
+            return plan
+        rest = self._rest(piece, text, respelled)
+        if rest is not None and len(rest) <= room and probe.completes(rest):
+            return rest
+        if respelled and len(plan) <= room and probe.completes(plan):
+            return plan
         reach = max(room, len(plan) + REACH)
         found = completion(probe, self.encode, max_tokens=reach, max_nodes=0, hints=self.hints)
         if found is None:
@@ -247,18 +256,14 @@ class Budget:
             )
         return found if found is not None and len(found) <= room else None
 
-    def _rest(self, token: int, plan: list[int]) -> tuple[list[int] | None, bool]:
-        """The rest of ``plan``'s text after as many characters as ``token`` holds, in the tokenizer's own
-        tokens (None where the cut falls inside a character, or ``token`` writes past a path it does not
-        start); and whether ``token``'s text starts ``plan``'s: then the rest is ``plan`` respelled, else
-        ``plan`` shifted (a token that wrote other characters where the path wrote some: ``3f`` of a UUID
-        for the path's ``aa``)."""
-        piece = self._pieces[token]
-        text = b"".join(self._pieces[t] for t in plan)
-        respelled = bool(piece) and text.startswith(piece)
+    def _rest(self, piece: bytes, text: bytes, respelled: bool) -> list[int] | None:
+        """The rest of a closing path's ``text`` after as many characters as a token's ``piece`` holds, in the
+        tokenizer's own tokens: ``text`` respelled where ``piece`` starts it (``respelled``), else shifted (a
+        token that wrote other characters where the path wrote some: ``3f`` of a UUID for the path's ``aa``).
+        None where the cut falls inside a character, or a token that does not start the path writes past it."""
         if not piece or (not respelled and len(piece) >= len(text)):
-            return None, respelled
+            return None
         try:
-            return self.encode(text[len(piece) :].decode()), respelled
+            return self.encode(text[len(piece) :].decode())
         except UnicodeDecodeError:
-            return None, respelled
+            return None

@@ -130,14 +130,15 @@ def test_penalties_leave_other_rows_untouched():
     assert torch.equal(work[0, 3:], logits[0, 3:])
 
 
+@pytest.mark.parametrize("kernel", ["auto", "lut", "shifts"])
 @pytest.mark.parametrize("vocab", [1, 31, 32, 33, 1000, 49152])
-def test_bitmask_matches_bit_loop_and_xgrammar(vocab, device):
+def test_bitmask_matches_bit_loop_and_xgrammar(vocab, kernel, device):
     gen = torch.Generator().manual_seed(vocab)
     words = (vocab + 31) // 32
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=gen, dtype=torch.int32)
     logits = torch.randn(3, vocab, generator=gen)
     ours = logits.clone().to(device)
-    apply_token_bitmask_inplace(ours, bitmask.to(device))
+    apply_token_bitmask_inplace(ours, bitmask.to(device), kernel=kernel)
     if vocab > 1:  # xgrammar 0.2.8 masks allowed tokens of a 1-token vocabulary; the bit loop is the arbiter
         theirs = logits.clone()
         xgr.apply_token_bitmask_inplace(theirs, bitmask)
@@ -148,12 +149,13 @@ def test_bitmask_matches_bit_loop_and_xgrammar(vocab, device):
         torch.testing.assert_close(ours[i].cpu(), expected)
 
 
-def test_bitmask_rows_touch_only_named_rows():
-    logits = torch.randn(4, 64)
+@pytest.mark.parametrize("kernel", ["lut", "shifts"])
+def test_bitmask_rows_touch_only_named_rows(kernel, device):
+    logits = torch.randn(4, 64).to(device)
     bitmask = torch.zeros(1, 2, dtype=torch.int32)
     bitmask[0, 0] = 1 << 3  # only token 3
     out = logits.clone()
-    apply_token_bitmask_inplace(out, bitmask, torch.tensor([2]))
+    apply_token_bitmask_inplace(out, bitmask.to(device), torch.tensor([2], device=device), kernel=kernel)
     assert torch.equal(out[[0, 1, 3]], logits[[0, 1, 3]])
     assert out[2].isfinite().nonzero().flatten().tolist() == [3]
 
@@ -266,3 +268,17 @@ def test_block_argmax_and_topk_equal_torchs(vocab):
         assert torch.equal(logits[rows].gather(1, top_ids)[finite], values[finite])  # ids hold their values
         for r in range(len(rows)):
             assert top_ids[r][finite[r]].unique().numel() == int(finite[r].sum())  # no token twice
+
+
+def test_auto_kernel_shifts_only_large_masks_on_cuda(device):
+    from constrain.sampler.ops.bitmask import SHIFTS_FROM, auto_kernel
+
+    small = torch.zeros(1, 4008, dtype=torch.int32, device=device)  # 1 x 128,256 entries
+    large = torch.zeros(SHIFTS_FROM // 32, 1, dtype=torch.int32, device=device)
+    assert auto_kernel(small) == "lut"
+    assert auto_kernel(large) == ("shifts" if device == "cuda" else "lut")
+
+
+def test_an_unknown_bitmask_kernel_is_a_value_error():
+    with pytest.raises(ValueError, match="kernel must be one of auto, lut, shifts; got 'triton'"):
+        apply_token_bitmask_inplace(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int32), kernel="triton")  # type: ignore[arg-type]
