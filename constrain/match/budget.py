@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
 
 from constrain import caches
 from constrain.constraints.constraint import Constraint
@@ -57,8 +59,8 @@ from constrain.match.matcher import Compiled, Matcher
 from constrain.match.vocab import closing_vocab
 
 __all__ = [
-    "ADMISSION_NODES", "INITIAL_CLOSINGS", "NEAR", "REACH", "SEARCH_NODES", "Budget", "ClosingKey", "InitialClosings",
-    "initial_closings",
+    "ADMISSION_NODES", "ENCODINGS", "INITIAL_CLOSINGS", "NEAR", "REACH", "SEARCH_NODES", "Budget", "ClosingKey",
+    "Encodings", "InitialClosings", "encodings", "initial_closings",
 ]  # fmt: skip
 
 NEAR = 24
@@ -90,26 +92,60 @@ about 15 ms a search)."""
 INITIAL_CLOSINGS = 256
 """Closing paths from initial states kept by :data:`initial_closings` (least recently used dropped)."""
 
+ENCODINGS = 4096
+"""Texts' token ids kept by :data:`encodings` (least recently used dropped; a few hundred bytes each)."""
+
 ClosingKey = tuple[Constraint, str, str, int]
 """What a closing path from an initial state is kept by: the constraint (compared as a value), the
 tokenizer's fingerprint, the engine, and ``max_tokens``."""
 
 
-class InitialClosings:
-    """Closing paths from constraints' initial states, per ``max_tokens``: a bounded LRU map, thread-safe.
-
-    A path (or None: no completion that short was found) holds for every compiled constraint of one
-    key (:data:`ClosingKey`): the constraint's value, the tokenizer and the engine decide the grammar.
-    """
+class _BoundedMap:
+    """A bounded LRU map, thread-safe, with its figures (what :func:`constrain.caches.stats` reports)."""
 
     def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
             raise ValueError(f"maxsize must be positive, got {maxsize}")
         self.maxsize = maxsize
-        self._paths: OrderedDict[ClosingKey, tuple[int, ...] | None] = OrderedDict()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
+
+    def _lookup(self, key: Hashable) -> tuple[bool, Any]:
+        """``(found, value)``, counted a hit or a miss; a hit is made the most recently used."""
+        with self._lock:
+            if key not in self._items:
+                self._misses += 1
+                return False, None
+            self._hits += 1
+            self._items.move_to_end(key)
+            return True, self._items[key]
+
+    def _keep(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every entry (the figures stay)."""
+        with self._lock:
+            self._items.clear()
+
+    def stats(self) -> dict[str, int]:
+        """``entries``, ``hits``, ``misses`` and ``maxsize``."""
+        with self._lock:
+            return {"entries": len(self._items), "hits": self._hits, "misses": self._misses, "maxsize": self.maxsize}
+
+
+class InitialClosings(_BoundedMap):
+    """Closing paths from constraints' initial states, per ``max_tokens``: a bounded LRU map, thread-safe.
+
+    A path (or None: no completion that short was found) holds for every compiled constraint of one
+    key (:data:`ClosingKey`): the constraint's value, the tokenizer and the engine decide the grammar.
+    """
 
     @staticmethod
     def key(compiled: Compiled, max_tokens: int) -> ClosingKey:
@@ -119,39 +155,40 @@ class InitialClosings:
     def get(self, compiled: Compiled, max_tokens: int) -> tuple[bool, list[int] | None]:
         """``(found, path)``: whether a path from ``compiled``'s initial state is kept for ``max_tokens``,
         and that path (a fresh list; None where none was found)."""
-        key = self.key(compiled, max_tokens)
-        with self._lock:
-            if key not in self._paths:
-                self._misses += 1
-                return False, None
-            self._hits += 1
-            self._paths.move_to_end(key)
-            path = self._paths[key]
-        return True, None if path is None else list(path)
+        found, path = self._lookup(self.key(compiled, max_tokens))
+        return found, None if path is None else list(path)
 
     def put(self, compiled: Compiled, max_tokens: int, path: list[int] | None) -> None:
         """Keep ``path`` (a closing path from ``compiled``'s initial state, or None) for ``max_tokens``."""
-        key = self.key(compiled, max_tokens)
-        with self._lock:
-            self._paths[key] = None if path is None else tuple(path)
-            self._paths.move_to_end(key)
-            while len(self._paths) > self.maxsize:
-                self._paths.popitem(last=False)
-
-    def clear(self) -> None:
-        """Drop every path (the figures stay)."""
-        with self._lock:
-            self._paths.clear()
-
-    def stats(self) -> dict[str, int]:
-        """``entries``, ``hits``, ``misses`` and ``maxsize``."""
-        with self._lock:
-            return {"entries": len(self._paths), "hits": self._hits, "misses": self._misses, "maxsize": self.maxsize}
+        self._keep(self.key(compiled, max_tokens), None if path is None else tuple(path))
 
 
 initial_closings = InitialClosings(INITIAL_CLOSINGS)
 """The closing paths :class:`Budget` keeps (``initial=True``)."""
 caches.register("match.budget.initial_closings", initial_closings.stats)
+
+
+class Encodings(_BoundedMap):
+    """Texts' token ids per tokenizer: a bounded LRU map, thread-safe. A closing path's rest is re-encoded
+    after many a sampled token, and the rests of one schema's paths recur across steps and requests."""
+
+    def encoder(self, fingerprint: str, encode: Encode) -> Encode:
+        """``encode`` (a text to the ids of the tokenizer of ``fingerprint``, no special tokens), kept here."""
+
+        def encoded(text: str) -> list[int]:
+            key = (fingerprint, text)
+            found, ids = self._lookup(key)
+            if not found:
+                ids = tuple(encode(text))
+                self._keep(key, ids)
+            return list(ids)
+
+        return encoded
+
+
+encodings = Encodings(ENCODINGS)
+"""The encodings every :class:`Budget` reads through (its ``encode``, for the path's rest and the closing searches)."""
+caches.register("match.budget.encodings", encodings.stats)
 
 
 class Budget:
@@ -168,21 +205,27 @@ class Budget:
     """
 
     def __init__(self, matcher: Matcher, encode: Encode, max_tokens: int, *, initial: bool = False) -> None:
-        """``encode``: a piece of text to the tokenizer's ids (no special tokens); ``initial``: ``matcher``
-        is in its constraint's initial state, so the closing path found is kept in
-        :data:`initial_closings` for the next request (``encode`` must be the constraint's tokenizer's)."""
+        """``encode``: a piece of text to the ids of the constraint's tokenizer (no special tokens; what it
+        gives is kept in :data:`encodings` by the tokenizer's fingerprint); ``initial``: ``matcher`` is in its
+        constraint's initial state, so the closing path found is kept in :data:`initial_closings` for the
+        next request."""
         self.matcher = matcher
-        self.encode = encode
+        self.encode = encodings.encoder(matcher.compiled.tokenizer.fingerprint, encode)
         self.forced = 0  # tokens taken from the closing path instead of the sampled one, near the end
         self.steered = 0  # likewise far from the end: no closing path that fits was found after the sampled one
         self.hints = hints(matcher)  # for every completion() of this request
         self._pieces = closing_vocab(matcher.compiled.tokenizer).pieces  # per token id, its bytes
         known, plan = initial_closings.get(matcher.compiled, max_tokens) if initial else (False, None)
         if not known:
-            plan = completion(matcher, encode, max_tokens=max_tokens, max_nodes=0, hints=self.hints)
+            plan = completion(matcher, self.encode, max_tokens=max_tokens, max_nodes=0, hints=self.hints)
             if plan is None:
                 plan = completion(
-                    matcher, encode, max_tokens=max_tokens, max_nodes=ADMISSION_NODES, hints=self.hints, fallback=False
+                    matcher,
+                    self.encode,
+                    max_tokens=max_tokens,
+                    max_nodes=ADMISSION_NODES,
+                    hints=self.hints,
+                    fallback=False,
                 )
             if initial:
                 initial_closings.put(matcher.compiled, max_tokens, plan)
