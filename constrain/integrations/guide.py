@@ -35,7 +35,7 @@ from constrain.compiler.compiler import compile
 from constrain.constraints.constraint import Constraint, Grammar, JsonSchema, choice, grammar, json_schema, regex
 from constrain.decode.request import GUARD_WINDOW
 from constrain.match.bitmask import clear_bits, count_allowed, set_bits
-from constrain.match.budget import NEAR, SEARCH_NODES
+from constrain.match.budget import NEAR, SEARCH_NODES, encodings
 from constrain.match.closing import completion
 from constrain.match.matcher import Matcher
 from constrain.match.repetition import RepetitionGuard
@@ -167,6 +167,8 @@ class Guide:
         compiled = compile(spec.constraint, tokenizer, vocab_size=vocab_size, eos_token_ids=list(eos_token_ids))
         self.matcher: Matcher = compiled.matcher()
         self.tokenizer = tokenizer
+        # a piece of text to the tokenizer's ids (no special tokens), kept across requests as the budget's are
+        self._encode = encodings.encoder(compiled.tokenizer.fingerprint, self._encode_text)
         self.max_tokens = max_tokens
         self.used = used
         self.close_in_budget = spec.close_in_budget
@@ -319,7 +321,7 @@ class Guide:
             self._found_at = len(self.taken)
         return self._plan
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 

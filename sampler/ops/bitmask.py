@@ -164,15 +164,16 @@ def apply_token_bitmask(
     bitmask: torch.Tensor,
     # [n] int64: the logits row of each bitmask row; None means row i -> row i (n == B)
     rows: torch.Tensor | None = None,
+    kernel: Kernel = "auto",
 ) -> torch.Tensor:
     """Return ``[B, V]``: ``logits`` with every disallowed logit ``-inf``; ``logits`` is left unchanged.
 
     The same values as :func:`apply_token_bitmask_inplace`, bit for bit, at the same cost when every row is
     constrained: the sum is written into the penalty's own buffer (one pass, as the in-place add); with
-    ``rows``, the other rows are copied as well (one more pass).
+    ``rows``, the other rows are copied as well (one more pass). ``kernel``: see :func:`bitmask_penalty`.
     """
     _check(logits, bitmask, rows)
-    penalty = bitmask_penalty(bitmask, logits.shape[-1])  # [n, V]
+    penalty = bitmask_penalty(bitmask, logits.shape[-1], kernel)  # [n, V]
     if rows is None:
         if penalty.is_contiguous():  # V a multiple of 32 (else a view of a wider table)
             return penalty.add_(logits)  # [B, V]: x + 0 == 0 + x and x + -inf == -inf + x, exactly

@@ -9,6 +9,7 @@ import torch
 import xgrammar as xgr
 
 from constrain.sampler import Sampler, SamplingMetadata, SamplingParams, apply_token_bitmask_inplace, sample
+from constrain.sampler.ops.bitmask import apply_token_bitmask
 from constrain.sampler.ops.blocks import block_argmax, block_max, block_topk
 from constrain.sampler.ops.topk_topp import apply_top_k_top_p_min_p
 
@@ -138,7 +139,9 @@ def test_bitmask_matches_bit_loop_and_xgrammar(vocab, kernel, device):
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=gen, dtype=torch.int32)
     logits = torch.randn(3, vocab, generator=gen)
     ours = logits.clone().to(device)
+    copied = apply_token_bitmask(logits.to(device), bitmask.to(device), kernel=kernel)
     apply_token_bitmask_inplace(ours, bitmask.to(device), kernel=kernel)
+    assert torch.equal(copied, ours)
     if vocab > 1:  # xgrammar 0.2.8 masks allowed tokens of a 1-token vocabulary; the bit loop is the arbiter
         theirs = logits.clone()
         xgr.apply_token_bitmask_inplace(theirs, bitmask)
