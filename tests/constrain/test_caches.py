@@ -16,7 +16,7 @@ import pytest
 import constrain
 from constrain import caches
 from constrain.match import checks, vocab
-from constrain.match.budget import InitialClosings
+from constrain.match.budget import Encodings, InitialClosings
 from constrain.match.repetition import comma_tokens
 from constrain.match.validate import schema_validator
 
@@ -126,6 +126,26 @@ def test_initial_closings_are_a_bounded_lru_keyed_by_value():
     assert memo.stats() == {"entries": 2, "hits": 4, "misses": 4, "maxsize": 2}
     with pytest.raises(ValueError, match="positive"):
         InitialClosings(maxsize=0)
+
+
+def test_encodings_are_kept_per_tokenizer_and_bounded():
+    calls: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        calls.append(text)
+        return [len(text), ord(text[0])]
+
+    memo = Encodings(maxsize=2)
+    mine, theirs = memo.encoder("tok", encode), memo.encoder("other", encode)
+    assert mine("ab") == [2, 97] and mine("ab") == [2, 97] and calls == ["ab"]  # the second is kept
+    ids = mine("ab")
+    ids.append(0)  # a caller's copy: the memo keeps its own
+    assert mine("ab") == [2, 97]
+    assert theirs("ab") == [2, 97] and calls == ["ab", "ab"]  # another tokenizer: encoded anew
+    mine("xyz")  # ("tok", "ab") is the least recently used: dropped
+    mine("ab")
+    assert calls == ["ab", "ab", "xyz", "ab"]
+    assert memo.stats() == {"entries": 2, "hits": 3, "misses": 4, "maxsize": 2}
 
 
 def test_the_value_check_memos_are_bounded_and_reported(monkeypatch):

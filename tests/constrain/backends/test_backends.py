@@ -14,15 +14,15 @@ SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
 TEXT = '{"n": 12}'
 
 
-def _grammars(tokenizer) -> dict[str, CompiledGrammar]:
+def _grammars(tokenizer, schema: str = SCHEMA) -> dict[str, CompiledGrammar]:
     info = tokenizer_info(tokenizer)
     backend = info.llguidance()
     assert backend is not None, "a fast tokenizer has llguidance"
     return {
         "xgrammar": info.xgrammar.compile_ebnf(
-            xgr.json_schema_ebnf(SCHEMA, separators=(", ", ": "), max_whitespace=0, any_order=False)
+            xgr.json_schema_ebnf(schema, separators=(", ", ": "), max_whitespace=0, any_order=False)
         ),
-        "llguidance": backend.compile(llg.json_schema_grammar(SCHEMA, separators=(", ", ": "), max_whitespace=0)),
+        "llguidance": backend.compile(llg.json_schema_grammar(schema, separators=(", ", ": "), max_whitespace=0)),
     }
 
 
@@ -54,6 +54,28 @@ def test_a_state_follows_the_protocol(smol_tokenizer, engine: str) -> None:
     assert state.accept_string(TEXT) and state.is_completed()
     state.reset()
     assert state.find_jump_forward_string() == '{"n": ', "the forced prefix"
+
+
+@pytest.mark.parametrize(("schema", "text"), [(SCHEMA, TEXT), ('{"type": "integer"}', "1234")])  # ends; may go on
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_rollback_across_the_end_restores_the_state_before_it(smol_tokenizer, engine: str, schema, text) -> None:
+    grammar = _grammars(smol_tokenizer, schema)[engine]
+    info = tokenizer_info(smol_tokenizer)
+    eos = info.eos_token_ids[0]
+    state = grammar.new_state()
+    tokens = smol_tokenizer.encode(text, add_special_tokens=False)
+    assert len(tokens) >= 2
+    assert all(state.accept_token(t) for t in tokens)
+    complete = _allowed(state, info.vocab_size)
+    for undone in (1, 2):  # the EOS alone; the EOS and the token before it
+        twin = state.fork()
+        assert twin.accept_token(eos) and twin.is_terminated()
+        assert not twin.accept_token(tokens[-1]), "nothing is taken after the end"
+        twin.rollback(undone)
+        assert not twin.is_terminated()
+        assert all(twin.accept_token(t) for t in tokens[len(tokens) + 1 - undone :])
+        assert torch.equal(_allowed(twin, info.vocab_size), complete) and twin.accept_token(eos)
+    assert not state.is_terminated(), "forks are independent"
 
 
 def test_both_engines_allow_the_text_and_fill_in_one_call(smol_tokenizer) -> None:

@@ -143,6 +143,36 @@ def test_random_token_walks_end_complete_within_budget(smol_tokenizer, shape, ma
         assert matcher.is_completed(), smol_tokenizer.decode(taken)
 
 
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_vet_leaves_the_matcher_as_it_found_it(smol_tokenizer, engine):
+    """The vet probes the sampled token on the matcher itself and undoes it: after every vet (taken,
+    replaced or refused token alike) the matcher's mask, value state and count are what they were."""
+    schema = {**ITEMS["closed"], "uniqueItems": True}  # value checks too
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    encode = lambda text: smol_tokenizer.encode(text, add_special_tokens=False)
+    bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+    eos = set(compiled.tokenizer.eos_token_ids)
+    rng = random.Random(5)
+    matcher = compiled.matcher()
+    budget = Budget(matcher, encode, 48)
+    replaced = 0
+    for remaining in range(48, 0, -1):
+        matcher.fill_next_token_bitmask(bitmask)
+        before = (bitmask.clone(), matcher.value_digest(), matcher.num_accepted, list(matcher.dead_ends))
+        choices = sorted(allowed_ids(bitmask[0], compiled.vocab_size) - eos)
+        if not choices:  # complete, and only EOS is left
+            break
+        token = budget.vet(sampled := rng.choice(choices), remaining)
+        matcher.fill_next_token_bitmask(bitmask)
+        assert (matcher.value_digest(), matcher.num_accepted, matcher.dead_ends) == before[1:]
+        assert torch.equal(bitmask, before[0])
+        if token is None:
+            break
+        replaced += token != sampled
+        assert matcher.accept_token(token)
+    assert matcher.is_completed() and replaced  # the walk reached the end, and the vet replaced tokens on it
+
+
 NAMES = st.text(alphabet="abcdefgh", min_size=1, max_size=6)
 SCALARS = st.one_of(
     st.builds(lambda low, span: {"type": "integer", "minimum": low, "maximum": low + span},
