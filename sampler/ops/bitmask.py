@@ -94,18 +94,15 @@ def bitmask_penalty(
     ``kernel`` (default ``"auto"``: :func:`auto_kernel`) picks how (the module docstring); every kernel gives
     the same values. Does not mutate ``bitmask``.
     """
+    if kernel not in ("auto", "lut", "shifts"):
+        raise ValueError(f"kernel must be one of auto, lut, shifts; got {kernel!r}")
     n, words = bitmask.shape
-    if kernel == "auto":
-        kernel = auto_kernel(bitmask)
-    if kernel == "shifts":
+    if (auto_kernel(bitmask) if kernel == "auto" else kernel) == "shifts":
         shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
         bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [n, words, 32]: bit j of word w is token 32w + j
-        zero = torch.zeros((), device=bitmask.device)
-        penalty = torch.where(bits.view(n, -1) != 0, zero, float("-inf"))  # [n, 32 * words]
+        penalty = torch.where(bits.view(n, -1) != 0, 0.0, float("-inf"))  # [n, 32 * words] float32
     else:  # little-endian bytes hold tokens 8j..8j+7: one [8] row of the table per byte
         byte_idx = bitmask.contiguous().view(torch.uint8).view(-1).int()  # [n * 4 * words]
-        if kernel != "lut":
-            raise ValueError(f"kernel must be one of auto, lut, shifts; got {kernel!r}")
         penalty = torch.index_select(_penalty_lut(bitmask.device), 0, byte_idx).view(n, -1)  # [n, 32 * words]
     return penalty if words * 32 == vocab_size else penalty[:, :vocab_size]
 
