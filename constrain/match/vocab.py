@@ -104,7 +104,7 @@ def _read_pieces(path: Path) -> list[bytes] | None:
             ends = saved["ends"].tolist()  # [n] int64: where each piece ends in ``data``
     except (OSError, ValueError, KeyError):
         return None
-    return [data[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    return [data[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def _write_pieces(path: Path, pieces: list[bytes]) -> None:

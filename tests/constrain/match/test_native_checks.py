@@ -1,0 +1,130 @@
+"""The value checks' native validators (jsonschema-rs) give ``jsonschema``'s verdicts, which the output is
+validated with: on random JSON values, on the values where the two packages are known to differ, and
+where they would differ the checks keep ``jsonschema``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from constrain.match import checks
+from constrain.match.validate import schema_validator
+
+SCHEMAS = {
+    "unique and numbers": {
+        "type": "array",
+        "items": {"type": ["integer", "boolean", "object"]},
+        "uniqueItems": True,
+        "maxItems": 4,
+    },
+    "literals": {"anyOf": [{"const": 1}, {"enum": ["a", None, [1], {"k": 1}]}], "not": {"const": True}},
+    "object keywords": {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 1}, "b": {"type": "string", "maxLength": 2}},
+        "required": ["a"],
+        "dependentRequired": {"b": ["c"]},
+        "propertyNames": {"maxLength": 3},
+        "maxProperties": 3,
+    },
+    "conditional": {
+        "if": {"properties": {"kind": {"const": "n"}}},
+        "then": {"properties": {"v": {"type": "number", "exclusiveMaximum": 10}}},
+        "else": {"properties": {"v": {"type": "string", "format": "date"}}},
+    },
+    "contains": {"type": "array", "contains": {"type": "integer", "minimum": 0}, "maxContains": 2, "minContains": 1},
+    "pattern and formats": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+            "mail": {"type": "string", "format": "email"},
+            "when": {"type": "string", "format": "date-time"},
+        },
+    },
+    "references": {
+        "$defs": {
+            "pos": {"type": "integer", "minimum": 0},
+            "pair": {"type": "array", "items": {"$ref": "#/$defs/pos"}},
+        },
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/pair"}, "q": {"$ref": "#/$defs/pos", "maximum": 5}},
+    },
+    "draft 4": {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 2, "exclusiveMinimum": True}},
+        "additionalProperties": {"type": "boolean"},
+    },
+}
+
+EDGES = [
+    1, 1.0, True, False, 0, -0.5, 10, 10.0, 2**70, None, "", "a", "AB", "AB\n", "ab", "2024-02-30", "x@y.z",
+    [1, 1.0], [True, 1], [False, 0], [{"k": 1}, {"k": 1.0}], [[1], [1.0]], {"a": 1}, {"a": 1.0}, {"a": 0},
+    {"a": 2, "b": "xy"}, {"a": 2, "b": "xy", "c": 1}, {"kind": "n", "v": 9.5}, {"kind": "n", "v": "2024-01-01"},
+    {"kind": "m", "v": "2024-01-01"}, {"code": "AB\n"}, {"code": "ab"}, {"mail": "nobody"}, {"p": [0, 1]},
+    {"p": [-1]}, {"q": 6}, {"q": 5}, {"n": 2}, {"n": 3}, {"n": 3, "extra": True}, {"n": 3, "extra": 1},
+    [-1, 0, 1, 2], [-1, -2], [0, 1, 2],
+]  # fmt: skip
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 12)
+    | st.floats(-3, 12, allow_nan=False)
+    | st.sampled_from(["", "a", "AB", "AB\n", "2024-01-01", "x@y.z", "kind", "n", "v", "c"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["a", "b", "c", "kind", "v", "p", "q", "n", "code", "long"]), inner, max_size=4
+        )
+    ),
+    max_leaves=8,
+)
+
+
+def _built(schema: dict) -> list[object]:
+    """The validator the checks of ``schema`` build for each of its subschemas, whole."""
+    value_checks = checks.ValueChecks(schema, schema_validator(json.dumps(schema)), ())
+    return [value_checks._node_validator(index) for index in range(len(value_checks.nodes))]
+
+
+def _validators(schema: dict) -> list[checks._Native]:
+    return [v for v in _built(schema) if isinstance(v, checks._Native)]
+
+
+@pytest.fixture(scope="module")
+def validators() -> dict[str, list[checks._Native]]:
+    return {name: _validators(schema) for name, schema in SCHEMAS.items()}
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_native_verdicts_are_jsonschemas_on_the_known_differences(validators, name):
+    assert validators[name], "no native validator built: the test would check nothing"
+    for validator in validators[name]:
+        for value in EDGES:
+            assert validator.native.is_valid(value) == validator.python.is_valid(value), (name, value)
+
+
+@seed(29)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(value=_json)
+def test_native_verdicts_are_jsonschemas_on_random_values(validators, value):
+    for name, found in validators.items():
+        for validator in found:
+            assert validator.native.is_valid(value) == validator.python.is_valid(value), (name, value)
+
+
+def test_where_the_packages_differ_the_checks_keep_jsonschema():
+    """``multipleOf`` of floats (0.07 is a multiple of 0.01 to jsonschema-rs, not to jsonschema) and
+    ``patternProperties`` (ECMA 262 regexes) stay with jsonschema; so does what an ``$id`` rebases."""
+    for schema in (
+        {"type": "array", "items": {"type": "number", "multipleOf": 0.01}, "uniqueItems": True},
+        {"type": "object", "patternProperties": {"^x$": {"type": "integer"}}, "additionalProperties": False},
+        {"$id": "https://example.com/s", "type": "array", "uniqueItems": True},
+    ):
+        root = _built(schema)[0]  # the subschema holding the keyword (or reaching it)
+        assert root is not None and not isinstance(root, checks._Native), schema
+    native = checks._NATIVE["Draft202012Validator"]({"multipleOf": 0.01})
+    assert native.is_valid(0.07)  # the difference itself: the day it goes, the exclusion may go too
