@@ -158,7 +158,8 @@ class ValueChecks:
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
-        self._native_read: dict[int, bool] = {}  # per subschema index, ``_natively_read``
+        self._native_read: dict[int, bool | None] = {}  # per subschema index, ``_native_reading``
+        self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
         self.hits = 0  # of the children and verdicts memos
         self.errors = 0  # checks that raised (and so refused: ``_holds``)
         self.misses = 0
@@ -522,45 +523,57 @@ class ValueChecks:
 
     def _validator_of(self, index: int, kept: dict[str, Any]) -> Any:
         """A validator of ``kept`` (some keywords of subschema ``index``): jsonschema-rs, hundreds of times
-        faster, where it reads them as ``jsonschema`` does (:meth:`_natively_read`); else ``jsonschema``."""
+        faster, where it reads them as ``jsonschema`` does (:meth:`_native_reading`); else ``jsonschema``."""
         python = self.validator.evolve(schema=kept)
         native = _NATIVE.get(type(self.validator).__name__)
-        if native is None or not self._natively_read(index):
+        reading = self._native_reading(index)
+        if native is None or reading is None:
             return python
         try:
-            return _Native(native(_rooted(kept), **self._native_options), python)
+            return _Native(native(_rooted(kept), **self._native_options(reading)), python)
         except Exception:  # a schema jsonschema-rs refuses to build (it validates schemas; jsonschema does not)
             return python
 
-    @functools.cached_property
-    def _native_options(self) -> dict[str, Any]:
-        """How jsonschema-rs is built for this schema: its references into the document resolved, and
-        every format checked by this package's checkers (none it does not know)."""
-        return {
+    def _native_options(self, objects: bool) -> dict[str, Any]:
+        """How jsonschema-rs is built for this schema: its references into the document resolved, every
+        format checked by this package's checkers (none it does not know), ``pattern`` by Python's ``re``
+        and (``objects``) ``patternProperties`` and ``additionalProperties`` too (:func:`_object_keywords`).
+        Memoized."""
+        if objects in self._options:
+            return self._options[objects]
+        options: dict[str, Any] = {
             "registry": jsonschema_rs.Registry([(_ROOT_URI, self.root)]),
             "base_uri": _ROOT_URI + "/node",
             "formats": {name: functools.partial(FORMATS.conforms, format=name) for name in _FORMAT_NAMES},
             "validate_formats": True,
             "keywords": {"pattern": _PythonPattern},
         }
+        if objects:
+            native = _NATIVE[type(self.validator).__name__]
+            options["keywords"] = {**options["keywords"], **_object_keywords(lambda sub: native(sub, **options))}
+        self._options[objects] = options
+        return options
 
-    def _natively_read(self, index: int) -> bool:
-        """Whether jsonschema-rs reads subschema ``index`` and every subschema it reaches as ``jsonschema``
-        does: no ``patternProperties`` (ECMA 262 regexes there, Python's here; ``pattern`` is this module's
-        :class:`_PythonPattern`), no references beyond the document (``true`` here),
-        no ``multipleOf``, no ``$id`` (a base URI of their own), no dynamic references. Memoized."""
-        found = self._native_read.get(index)
-        if found is None:
+    def _native_reading(self, index: int) -> bool | None:
+        """How jsonschema-rs reads subschema ``index`` and every subschema it reaches as ``jsonschema`` does:
+        ``False``, with ``pattern`` alone through Python's ``re`` (:class:`_PythonPattern`); ``True``, with
+        ``patternProperties`` and ``additionalProperties`` too (some subschema has ``patternProperties``:
+        ECMA 262 regexes there); None where it cannot: ``multipleOf``, references beyond the document
+        (``true`` here), an ``$id`` below the root (a base URI of its own), dynamic references,
+        ``unevaluatedProperties`` (the annotations of the keywords read in Python are not seen). Memoized."""
+        if index not in self._native_read:
             reached, stack = {index}, [index]
             while stack:
                 for child in self._edges.get(stack.pop(), ()):
                     if child not in reached:
                         reached.add(child)
                         stack.append(child)
-            found = self._native_read[index] = not any(_NOT_NATIVE & set(self.nodes[i]) for i in reached) and all(
-                not isinstance(self.nodes[i].get("$ref"), str) or self.nodes[i]["$ref"].startswith("#") for i in reached
-            )
-        return found
+            nodes = [self.nodes[i] for i in reached]
+            native = not any(
+                _NOT_NATIVE & set(node) - (_ROOT_IDS if node is self.root else set()) for node in nodes
+            ) and all(not isinstance(node.get("$ref"), str) or node["$ref"].startswith("#") for node in nodes)
+            self._native_read[index] = any("patternProperties" in node for node in nodes) if native else None
+        return self._native_read[index]
 
     def _prefix_valid(self, index: int, value: Any) -> bool:
         checker = self._prefix(index)
@@ -609,9 +622,12 @@ _NATIVE = {
 }
 """jsonschema-rs's validator of each draft, by the name of ``jsonschema``'s."""
 
-_NOT_NATIVE = frozenset({"patternProperties", "multipleOf", "$id", "id", "$dynamicRef", "$recursiveRef"})
-"""Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._natively_read`): ``multipleOf`` of floats
+_NOT_NATIVE = frozenset({"multipleOf", "unevaluatedProperties", "$id", "id", "$dynamicRef", "$recursiveRef"})
+"""Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._native_reading`): ``multipleOf`` of floats
 exactly (``0.07`` is a multiple of ``0.01`` there, not in ``jsonschema``, which the output is validated with)."""
+
+_ROOT_IDS = frozenset({"$id", "id"})
+"""The root's own base URI changes nothing: its ``#...`` references still point into the document."""
 
 _FORMAT_NAMES = frozenset(FORMATS.checkers) | {
     "date", "date-time", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
@@ -654,6 +670,43 @@ class _PythonPattern:
     def validate(self, instance: Any) -> None:
         if isinstance(instance, str) and self.pattern.search(instance) is None:
             raise ValueError(f"{instance!r} does not match {self.pattern.pattern!r}")
+
+
+def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
+    """``patternProperties`` and ``additionalProperties`` for jsonschema-rs as ``jsonschema`` reads them:
+    a key matches a pattern by Python's ``re.search``, and is additional where it is neither declared nor
+    matches the patterns joined by ``|``. ``build``: a native validator of a subschema."""
+
+    class PatternProperties:
+        def __init__(self, parent_schema: dict[str, Any], value: dict[str, Any], schema_path: list[Any]) -> None:
+            self.patterns = [(re.compile(pattern), build(sub)) for pattern, sub in value.items()]
+
+        def validate(self, instance: Any) -> None:
+            if not isinstance(instance, dict):
+                return
+            for key, member in instance.items():
+                for pattern, validator in self.patterns:
+                    if pattern.search(key) is not None and not validator.is_valid(member):
+                        raise ValueError(f"{key!r}: {member!r} is not valid under {pattern.pattern!r}")
+
+    class AdditionalProperties:
+        def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: list[Any]) -> None:
+            declared, patterns = parent_schema.get("properties"), parent_schema.get("patternProperties")
+            self.declared = set(declared) if isinstance(declared, dict) else set()
+            self.patterns = re.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
+            self.schema = value
+            self.validator = build(value) if isinstance(value, dict) else None
+
+        def validate(self, instance: Any) -> None:
+            if not isinstance(instance, dict) or self.schema is True:
+                return
+            for key, member in instance.items():
+                if key in self.declared or (self.patterns is not None and self.patterns.search(key) is not None):
+                    continue
+                if self.validator is None or not self.validator.is_valid(member):
+                    raise ValueError(f"{key!r} is not allowed here")
+
+    return {"patternProperties": PatternProperties, "additionalProperties": AdditionalProperties}
 
 
 class _Native:

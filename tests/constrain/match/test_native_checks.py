@@ -44,12 +44,25 @@ SCHEMAS = {
         },
     },
     "references": {
+        "$id": "https://example.com/references.json",
         "$defs": {
             "pos": {"type": "integer", "minimum": 0},
             "pair": {"type": "array", "items": {"$ref": "#/$defs/pos"}},
         },
         "type": "object",
         "properties": {"p": {"$ref": "#/$defs/pair"}, "q": {"$ref": "#/$defs/pos", "maximum": 5}},
+    },
+    "pattern properties": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "patternProperties": {"^c$": {"type": "integer", "maximum": 5}, "^l": {"type": "string"}, "^z": False},
+        "additionalProperties": {"type": "array"},
+        "propertyNames": {"pattern": "^[a-z]+$"},
+    },
+    "closed with patterns": {
+        "type": "object",
+        "patternProperties": {"^(kind|v)$": True, "^c$": {"type": "boolean"}},
+        "additionalProperties": False,
     },
     "draft 4": {
         "$schema": "http://json-schema.org/draft-04/schema#",
@@ -65,7 +78,8 @@ EDGES = [
     {"a": 2, "b": "xy"}, {"a": 2, "b": "xy", "c": 1}, {"kind": "n", "v": 9.5}, {"kind": "n", "v": "2024-01-01"},
     {"kind": "m", "v": "2024-01-01"}, {"code": "AB\n"}, {"code": "ab"}, {"mail": "nobody"}, {"p": [0, 1]},
     {"p": [-1]}, {"q": 6}, {"q": 5}, {"n": 2}, {"n": 3}, {"n": 3, "extra": True}, {"n": 3, "extra": 1},
-    [-1, 0, 1, 2], [-1, -2], [0, 1, 2],
+    [-1, 0, 1, 2], [-1, -2], [0, 1, 2], {"c\n": 5}, {"c": 6}, {"c\n": 6}, {"lx": 1}, {"z": 0}, {"zz": []},
+    {"q": [1]}, {"q": 1}, {"A": 1}, {"c": True}, {"kind": 1, "v\n": 2}, {"vv": 1},
 ]  # fmt: skip
 
 _json = st.recursive(
@@ -77,7 +91,9 @@ _json = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
-            st.sampled_from(["a", "b", "c", "kind", "v", "p", "q", "n", "code", "long"]), inner, max_size=4
+            st.sampled_from(["a", "b", "c", "c\n", "z", "lx", "A", "kind", "v", "p", "q", "n", "code", "long"]),
+            inner,
+            max_size=4,
         )
     ),
     max_leaves=8,
@@ -117,12 +133,13 @@ def test_native_verdicts_are_jsonschemas_on_random_values(validators, value):
 
 
 def test_where_the_packages_differ_the_checks_keep_jsonschema():
-    """``multipleOf`` of floats (0.07 is a multiple of 0.01 to jsonschema-rs, not to jsonschema) and
-    ``patternProperties`` (ECMA 262 regexes) stay with jsonschema; so does what an ``$id`` rebases."""
+    """``multipleOf`` of floats (0.07 is a multiple of 0.01 to jsonschema-rs, not to jsonschema) stays with
+    jsonschema; so does what an ``$id`` below the root rebases, and ``unevaluatedProperties`` (beside
+    keywords read in Python, whose annotations it would not see)."""
     for schema in (
         {"type": "array", "items": {"type": "number", "multipleOf": 0.01}, "uniqueItems": True},
-        {"type": "object", "patternProperties": {"^x$": {"type": "integer"}}, "additionalProperties": False},
-        {"$id": "https://example.com/s", "type": "array", "uniqueItems": True},
+        {"type": "array", "items": {"$id": "https://example.com/item", "type": "array"}, "uniqueItems": True},
+        {"type": "object", "patternProperties": {"^x$": True}, "unevaluatedProperties": False},
     ):
         root = _built(schema)[0]  # the subschema holding the keyword (or reaching it)
         assert root is not None and not isinstance(root, checks._Native), schema
