@@ -1,12 +1,22 @@
-"""Compile cost, cold and warm (cache hit), for a few schemas with the SmolLM2 tokenizer.
+"""Compile cost, cold and warm (cache hit), for a few schemas with the SmolLM2 tokenizer; then a process's
+first request, per packaged tokenizer, with the token texts' file absent and present.
+
+The first request of a process also builds the per-tokenizer tables (:mod:`constrain.match.vocab`):
+each request is timed in a fresh process, once with an empty ``CONSTRAIN_CACHE`` (the token texts read
+out of the engine) and once with the file that run left. The tokenizer's own load and llguidance's
+tokenizer (built on a thread of its own) are waited for first: they are not the request's.
 
 Usage: ``python bench/compile_cache.py``
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +24,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
+from constrain.models import PACKAGED_MODELS  # noqa: E402
 
 SCHEMAS = {
     "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
@@ -26,7 +37,44 @@ SCHEMAS = {
 }
 
 
+CHECKED = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+"""The first request's schema: one with a value check, so every table is built."""
+
+
+def first_request(model: str) -> float:
+    """ms for compile + matcher + first mask of :data:`CHECKED` in this (fresh) process."""
+    tokenizer = constrain.load_tokenizer(model)
+    info = constrain.tokenizer_info(tokenizer)
+    info.llg_tokenizer()
+    bitmask = constrain.allocate_token_bitmask(1, info.vocab_size)
+    start = time.perf_counter()
+    compiled = constrain.compile(constrain.json_schema(CHECKED, mode="specification"), info)
+    compiled.matcher().fill_next_token_bitmask(bitmask)
+    return (time.perf_counter() - start) * 1e3
+
+
+def first_requests() -> None:
+    print("\n| tokenizer | first request, no token texts' file (ms) | with the file (ms) | ratio |")
+    print("|---|---|---|---|")
+    for model in PACKAGED_MODELS:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "CONSTRAIN_CACHE": cache}
+            times = []
+            for _ in range(2):  # the first run writes the file the second reads
+                command = [sys.executable, __file__, "--first-request", model]
+                run = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
+                if run.returncode:
+                    print(f"| {model} | not run: {run.stderr.strip().splitlines()[-1]} | | |")
+                    break
+                times.append(json.loads(run.stdout.strip().splitlines()[-1]))
+            if len(times) == 2:
+                print(f"| {model} | {times[0]:.0f} | {times[1]:.0f} | {times[0] / times[1]:.1f}x |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--first-request"]:
+        print(json.dumps(first_request(sys.argv[2])))
+        return
     tokenizer = constrain.load_tokenizer()
     constrain.tokenizer_info(tokenizer)  # the tokenizer's own one-time cost is not the schema's
     print(machine_line())
@@ -47,6 +95,7 @@ def main() -> None:
             warm.append((t1 - t0) * 1e6)
             full.append((t2 - t1) * 1e6)
         print(f"| {name} | {cold:.1f} | {statistics.median(warm):.1f} | {statistics.median(full):.0f} |")
+    first_requests()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ other key orders or extra keys are validation errors for it, which is expected:
 its interest is the invalidation column), ``xgrammar`` and ``llguidance``.
 
 Each engine runs in a worker process with a per-schema timeout; a crash or a
-timeout is recorded for that schema and the worker restarts. TTFM is compile
+timeout is recorded for that schema and the worker restarts. Once its tokenizer is loaded, a worker
+freezes its heap out of Python's cyclic collector (``gc.freeze()``), as ``constrain serve`` does: a
+full collection of the torch and transformers objects otherwise pauses one token every few thousand
+for 0.2-0.3 s, whichever engine's token it is. TTFM is compile
 plus the first mask, TBM the time of each later token (its mask, the check that the token is
 allowed, and its commit), in µs.
 
@@ -36,6 +39,7 @@ Usage: ``python bench/maskbench.py [--sample N] [--timeout S] [--engines constra
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import multiprocessing as mp
@@ -252,6 +256,8 @@ def worker(engine: str, tasks: Any, results: Any) -> None:
     import constrain
 
     adapter = Adapter(engine, constrain.load_tokenizer())
+    gc.collect()  # what was loaded stays: out of the collector's way, as the server does (``serve``)
+    gc.freeze()
     results.put(("ready", None))
     while True:
         item = tasks.get()
