@@ -22,7 +22,7 @@ token in ``accept_token``, so sampling, jump-forward, speculation and the closin
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,6 +67,12 @@ class _Keys:
         pass
 
 
+_UNKNOWN = object()
+
+AFTER_KEPT = 8
+"""Tokens whose next state a :class:`KeyState` keeps (the drawn token's check and its acceptance scan once)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyState:
     """Where the output stands in its JSON value, and the keys of every open object. Immutable."""
@@ -74,14 +80,25 @@ class KeyState:
     vocab: KeyVocab
     scan: JsonScan = START
     stack: tuple[Frame, ...] = ()  # per open container, as ``scan.open``
+    # the states after the last few tokens asked about: a drawn token is asked about, then accepted
+    _after: dict[int, KeyState | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def initial(cls, info: TokenizerInfo) -> KeyState:
         return cls(key_vocab(info))
 
     def advance(self, token_id: int) -> KeyState | None:
-        """The state after ``token_id``; None when it would complete a key its object already has."""
-        return self.advance_bytes(self.vocab.texts[token_id])
+        """The state after ``token_id``; None when it would complete a key its object already has.
+        Memoized per state (:data:`AFTER_KEPT` tokens)."""
+        after = self._after
+        found = after.get(token_id, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
+        found = self.advance_bytes(self.vocab.texts[token_id])
+        if len(after) >= AFTER_KEPT:
+            after.clear()
+        after[token_id] = found
+        return found
 
     def advance_bytes(self, data: bytes) -> KeyState | None:
         """The state after ``data``; None when it would complete a key its object already has (or is not
