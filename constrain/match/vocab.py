@@ -14,7 +14,6 @@ in :func:`constrain.caches.stats`; a table is immutable, so requests and threads
 from __future__ import annotations
 
 import bisect
-import functools
 import hashlib
 import os
 import tempfile
@@ -98,7 +97,7 @@ def token_texts(info: TokenizerInfo) -> TokenTexts:
     return TokenTexts(pieces, texts, special, data, owner, np.cumsum(lengths) - lengths, lengths)
 
 
-@functools.cache
+@bounded("match.vocab.engine_version", maxsize=1)
 def _engine_version() -> str:
     """xgrammar's version, which decodes the texts (its ``_version`` module: the package metadata takes
     0.5 s to find on a large environment)."""
