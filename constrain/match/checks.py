@@ -150,6 +150,7 @@ class ValueChecks:
         checked = {(e.pointer, e.keyword) for e in coverage if e.status in ("checked", "approximated")}
         self._loose: dict[int, set[str] | None] = {}  # per own subschema, its keywords beyond the grammar (None: all)
         self._edges: dict[int, list[int]] = {}  # per subschema index, those directly inside it and its $ref's
+        self._parents: dict[int, list[int]] | None = None  # ``_edges`` reversed (``_reaching``)
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
         self._verdicts: dict[tuple[Dnf, str, Any], bool] = {}  # by location, how judged, the value
@@ -158,7 +159,6 @@ class ValueChecks:
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
-        self._native_read: dict[int, bool | None] = {}  # per subschema index, ``_native_reading``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
         self.hits = 0  # of the children and verdicts memos
         self.errors = 0  # checks that raised (and so refused: ``_holds``)
@@ -214,19 +214,25 @@ class ValueChecks:
             index, known = self._loc(node), self._loose.get(index, set())
             # a keyword of that very subschema; else (a place the preparer made): all of it is checked
             self._loose[index] = None if known is None or not exact or keyword not in node else known | {keyword}
-        own = frozenset(self._loose)
-        self._own = own
-        needing, frontier = set(own), list(own)
-        parents: dict[int, list[int]] = {}
-        for parent, children in edges.items():
-            for child in children:
-                parents.setdefault(child, []).append(parent)
+        self._own = frozenset(self._loose)
+        return frozenset(self._reaching(self._own))
+
+    def _reaching(self, seeds: Iterable[int]) -> set[int]:
+        """The subschemas from which one of ``seeds`` can be reached (inside them, or through a ``$ref``),
+        the seeds included."""
+        if self._parents is None:
+            self._parents = {}
+            for parent, children in self._edges.items():
+                for child in children:
+                    self._parents.setdefault(child, []).append(parent)
+        found = set(seeds)
+        frontier = list(found)
         while frontier:
-            for parent in parents.get(frontier.pop(), ()):
-                if parent not in needing:
-                    needing.add(parent)
+            for parent in self._parents.get(frontier.pop(), ()):
+                if parent not in found:
+                    found.add(parent)
                     frontier.append(parent)
-        return frozenset(needing)
+        return found
 
     def _deepest(self, pointer: str) -> tuple[Any, bool]:
         """The deepest subschema of the document on ``pointer``'s path, and whether it is the one the
@@ -560,20 +566,28 @@ class ValueChecks:
         ``patternProperties`` and ``additionalProperties`` too (some subschema has ``patternProperties``:
         ECMA 262 regexes there); None where it cannot: ``multipleOf``, references beyond the document
         (``true`` here), an ``$id`` below the root (a base URI of its own), dynamic references,
-        ``unevaluatedProperties`` (the annotations of the keywords read in Python are not seen). Memoized."""
-        if index not in self._native_read:
-            reached, stack = {index}, [index]
-            while stack:
-                for child in self._edges.get(stack.pop(), ()):
-                    if child not in reached:
-                        reached.add(child)
-                        stack.append(child)
-            nodes = [self.nodes[i] for i in reached]
-            native = not any(
-                _NOT_NATIVE & set(node) - (_ROOT_IDS if node is self.root else set()) for node in nodes
-            ) and all(not isinstance(node.get("$ref"), str) or node["$ref"].startswith("#") for node in nodes)
-            self._native_read[index] = any("patternProperties" in node for node in nodes) if native else None
-        return self._native_read[index]
+        ``unevaluatedProperties`` (the annotations of the keywords read in Python are not seen)."""
+        if index not in self._edges:  # a subschema the walk did not reach (a place on a coverage pointer)
+            node = self.nodes[index]
+            return None if self._foreign(node) else "patternProperties" in node
+        foreign, objects = self._native_readings
+        return None if index in foreign else index in objects
+
+    def _foreign(self, node: dict[str, Any]) -> bool:
+        """Whether jsonschema-rs reads ``node``'s own keywords otherwise (see :meth:`_native_reading`)."""
+        ref = node.get("$ref")
+        own = _NOT_NATIVE & set(node) - (_ROOT_IDS if node is self.root else set())
+        return bool(own) or (isinstance(ref, str) and not ref.startswith("#"))
+
+    @functools.cached_property
+    def _native_readings(self) -> tuple[set[int], set[int]]:
+        """The subschemas reaching one that jsonschema-rs cannot read as ``jsonschema`` does, and those
+        reaching a ``patternProperties`` (see :meth:`_native_reading`): worked out once."""
+        known = [(index, self.nodes[index]) for index in self._edges]
+        return (
+            self._reaching(index for index, node in known if self._foreign(node)),
+            self._reaching(index for index, node in known if "patternProperties" in node),
+        )
 
     def _prefix_valid(self, index: int, value: Any) -> bool:
         checker = self._prefix(index)

@@ -228,8 +228,8 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     texts = vocab.texts
     order = sorted(np.flatnonzero(vocab.lengths).tolist(), key=texts.__getitem__)  # stable: equal texts by id
     quotes = vocab.per_token(vocab.data == ord('"'))  # [V]
-    multi = (np.flatnonzero(quotes >= 2), np.flatnonzero(quotes >= 3))
-    return KeyVocab(texts, [texts[i] for i in order], order, (multi[0].astype(np.int64), multi[1].astype(np.int64)))
+    multi = (np.flatnonzero(quotes >= 2), np.flatnonzero(quotes >= 3))  # [m] int64 each
+    return KeyVocab(texts, [texts[i] for i in order], order, multi)
 
 
 _CLOSERS = np.frombuffer(b",]}", dtype=np.uint8)
