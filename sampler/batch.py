@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from .metadata import WINDOW_MAX_K, Penalties, SamplingMetadata, check_bitmask, logprob_rows
+from .metadata import WINDOW_MAX_K, Penalties, RowFacts, SamplingMetadata, check_bitmask, logprob_rows
 from .params import MAX_SEED, SamplingParams
 from .rng import row_keys
 
@@ -89,6 +89,7 @@ class _Rows:
     processed_logprob_rows: torch.Tensor  # [p] int64
     raw_logprob_rows: torch.Tensor  # [r] int64
     max_num_logprobs: int | None  # None: no row wants logprobs
+    facts: RowFacts
 
 
 class SamplingBatch:
@@ -230,11 +231,10 @@ class SamplingBatch:
 
         fresh = torch.randint(0, MAX_SEED, (batch,), generator=self.generator)  # [P], what build draws
         seeded, seeds = (t.seeded, t.seeds) if index is None else (t.seeded[index], t.seeds[index])
-        keys = row_keys(
-            torch.where(seeded, seeds, fresh).to(self.device),
-            torch.tensor(lengths, dtype=torch.int64, device=self.device),
-            draw,
-        )  # [P]
+        # [P]: hashed on the host (a few small ops there, not as many launches on a GPU), then one copy
+        keys = _to(
+            row_keys(torch.where(seeded, seeds, fresh), torch.tensor(lengths, dtype=torch.int64), draw), self.device
+        )
         bitmask, rows_tensor = None, None
         if token_bitmask is not None:
             bitmask, rows_tensor = check_bitmask(token_bitmask, bitmask_rows, batch, self.vocab_size, self.device)
@@ -257,11 +257,14 @@ class SamplingBatch:
                 max_num_logprobs=t.max_num_logprobs,
                 processed_logprob_rows=t.processed_logprob_rows,
                 raw_logprob_rows=t.raw_logprob_rows,
+                facts=t.facts,
             )
         assert slots is not None
         on_device = index.to(self.device)  # [P]
         params = [r.request.params for r in rows]
         longs = functools.partial(torch.tensor, dtype=torch.int64, device=self.device)
+        window = [s for s, r in enumerate(rows) if r.group == _WINDOW]
+        full = [s for s, r in enumerate(rows) if r.group == _FULL]
         return SamplingMetadata(
             vocab_size=self.vocab_size,
             temperature=t.temperature[on_device],
@@ -270,13 +273,14 @@ class SamplingBatch:
             min_p=t.min_p[on_device],
             keys=keys,
             greedy_rows=longs([s for s, r in enumerate(rows) if r.group == _GREEDY]),
-            window_rows=longs([s for s, r in enumerate(rows) if r.group == _WINDOW]),
-            full_rows=longs([s for s, r in enumerate(rows) if r.group == _FULL]),
+            window_rows=longs(window),
+            full_rows=longs(full),
             logit_bias=_bias(params, self.device),
             penalties=self._penalties(slots, on_device) if any(r.penalized for r in rows) else None,
             token_bitmask=bitmask,
             bitmask_rows=rows_tensor,
             **logprob_rows(params, self.device),
+            facts=RowFacts.of(params, window, full, self.vocab_size),
         )
 
     # -- when the rows change -------------------------------------------------------------------------
@@ -340,6 +344,8 @@ class SamplingBatch:
         """The per-row tensors of the held rows, from their parameters (O(R) Python, a few small copies)."""
         vocab, device = self.vocab_size, self.device
         params = [r.request.params for r in self._rows]
+        window = [i for i, r in enumerate(self._rows) if r.group == _WINDOW]
+        full = [i for i, r in enumerate(self._rows) if r.group == _FULL]
         floats = functools.partial(torch.tensor, dtype=torch.float32, device=device)
         longs = functools.partial(torch.tensor, dtype=torch.int64, device=device)
         return _Rows(
@@ -353,10 +359,11 @@ class SamplingBatch:
             frequency=floats([p.frequency_penalty for p in params]),
             presence=floats([p.presence_penalty for p in params]),
             greedy_rows=longs([i for i, r in enumerate(self._rows) if r.group == _GREEDY]),
-            window_rows=longs([i for i, r in enumerate(self._rows) if r.group == _WINDOW]),
-            full_rows=longs([i for i, r in enumerate(self._rows) if r.group == _FULL]),
+            window_rows=longs(window),
+            full_rows=longs(full),
             logit_bias=_bias(params, device),
             **logprob_rows(params, device),
+            facts=RowFacts.of(params, window, full, vocab),
         )
 
     # -- every step -----------------------------------------------------------------------------------
@@ -411,10 +418,9 @@ class SamplingBatch:
             self._out[i].fill_(token)
             if seen_empty:
                 self._seen[i].fill_(token)
-        rows_t = torch.tensor(at_rows, dtype=torch.int64, device=device)  # [n]
-        ids_t = torch.tensor(new_ids, dtype=torch.int64, device=device)  # [n]
-        self._seen.index_put_((rows_t, torch.tensor(at_seen, dtype=torch.int64, device=device)), ids_t)
-        self._out.index_put_((rows_t, torch.tensor(at_out, dtype=torch.int64, device=device)), ids_t)
+        rows_t, seen_t, out_t, ids_t = _to(torch.tensor([at_rows, at_seen, at_out, new_ids]), device)  # [n] each
+        self._seen.index_put_((rows_t, seen_t), ids_t)
+        self._out.index_put_((rows_t, out_t), ids_t)
 
     def _penalties(
         self,
@@ -454,16 +460,15 @@ class SamplingBatch:
                     target.index_put_((slot_t, torch.tensor(at, dtype=torch.int64, device=self.device)), ids)
             repetition, frequency, presence = t.repetition[index], t.frequency[index], t.presence[index]
         device = self.device
-        seen_some = torch.tensor([n > 0 for n in seen_len], dtype=torch.bool, device=device)  # [P]
-        out_some = torch.tensor([n > 0 for n in out_len], dtype=torch.bool, device=device)  # [P]
+        seen_n, out_n = _to(torch.tensor([seen_len, out_len]), device)  # [P] each
         columns = torch.arange(output_ids.shape[1], device=device)  # [Lo]
         return Penalties(
             seen_ids=seen_ids,
             output_ids=output_ids,
-            output_valid=(columns < torch.tensor(out_len, device=device).unsqueeze(1)).float(),  # [P, Lo]
-            repetition=torch.where(seen_some, repetition, 1.0),
+            output_valid=(columns < out_n.unsqueeze(1)).float(),  # [P, Lo]
+            repetition=torch.where(seen_n > 0, repetition, 1.0),
             frequency=frequency,
-            presence=torch.where(out_some, presence, 0.0),
+            presence=torch.where(out_n > 0, presence, 0.0),
         )
 
 
@@ -479,6 +484,18 @@ def _bias(
         torch.tensor([t for p in params for t in p.logit_bias], dtype=torch.int64, device=device),
         torch.tensor([b for p in params for b in p.logit_bias.values()], dtype=torch.float32, device=device),
     )
+
+
+def _to(
+    # a CPU tensor, not used by the caller after this call
+    host: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """``host`` on ``device``. To a GPU through pinned memory, without waiting: a copy from pageable memory
+    waits for the device to finish its queued work (vLLM's ``InputBatch`` copies from pinned buffers too)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _check_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from .params import MAX_SEED, SamplingParams
 from .rng import fresh_seeds, row_keys
 
-__all__ = ["WINDOW_MAX_K", "Penalties", "SamplingMetadata", "check_bitmask", "logprob_rows"]
+__all__ = ["WINDOW_MAX_K", "Penalties", "RowFacts", "SamplingMetadata", "check_bitmask", "logprob_rows"]
 
 WINDOW_MAX_K = 128
 """Rows with ``top_k <= WINDOW_MAX_K`` are sampled inside their ``topk`` window.
@@ -34,6 +35,36 @@ class Penalties:
     repetition: torch.Tensor  # [B] float32, 1 on rows without seen ids
     frequency: torch.Tensor  # [B] float32
     presence: torch.Tensor  # [B] float32, 0 on rows without output ids
+
+
+@dataclass(frozen=True, slots=True)
+class RowFacts:
+    """What the sampler would otherwise read back from the metadata's tensors, known on the host where the
+    metadata is built: on a GPU each such read waits for the device (a few microseconds of launches
+    queued behind it are lost each time)."""
+
+    window_k_max: int  # the largest top_k of the window rows (0 when none)
+    full_top_k: bool  # some full row has a top_k below the vocabulary
+    full_min_p: int  # how many full rows have a min_p (> 0 in float32, as the tensor holds it)
+    full_top_p: bool  # some full row has a top_p below 1
+
+    @classmethod
+    def of(
+        cls, params: Sequence[SamplingParams], window: Sequence[int], full: Sequence[int], vocab_size: int
+    ) -> RowFacts:
+        """The facts of rows ``params`` whose window and full groups are ``window`` and ``full`` (indices)."""
+        full_params = [params[i] for i in full]
+        return cls(
+            window_k_max=max((min(params[i].top_k or vocab_size, vocab_size) for i in window), default=0),
+            full_top_k=any(p.top_k is not None and p.top_k < vocab_size for p in full_params),
+            full_min_p=sum(_float32(p.min_p) > 0 for p in full_params),
+            full_top_p=any(p.top_p < 1 for p in full_params),
+        )
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32 (a ``min_p`` below 1e-45 is 0 in the tensor)."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 @dataclass(slots=True)
@@ -60,6 +91,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None  # None: no row wants logprobs; 0: sampled token only
     processed_logprob_rows: torch.Tensor  # [p] int64
     raw_logprob_rows: torch.Tensor  # [r] int64
+    facts: RowFacts | None = None  # None: the sampler reads them from the tensors (a GPU waits for each)
 
     @property
     def batch_size(self) -> int:
@@ -182,11 +214,11 @@ class SamplingMetadata:
             top_k=longs([min(p.top_k, vocab_size) if p.top_k is not None else vocab_size for p in params]),
             top_p=floats([p.top_p for p in params]),
             min_p=floats([p.min_p for p in params]),
-            keys=row_keys(
-                longs([p.seed if p.seed is not None else fresh[i] for i, p in enumerate(params)]),
-                longs(list(output_lengths)),
+            keys=row_keys(  # hashed on the host, then one copy
+                torch.tensor([p.seed if p.seed is not None else fresh[i] for i, p in enumerate(params)]),
+                torch.tensor(list(output_lengths), dtype=torch.int64),
                 draw,
-            ),
+            ).to(device),
             greedy_rows=longs(greedy),
             window_rows=longs(window),
             full_rows=longs(full),
@@ -195,6 +227,7 @@ class SamplingMetadata:
             token_bitmask=token_bitmask,
             bitmask_rows=rows_tensor,
             **logprob_rows(params, device),
+            facts=RowFacts.of(params, window, full, vocab_size),
         )
 
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["Stream", "fresh_seeds", "row_keys", "uniform"]
+__all__ = ["Stream", "fresh_seeds", "row_keys", "uniform", "uniforms"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -89,7 +89,29 @@ def uniform(
 
     Pure function of ``(keys[i], stream)``; does not mutate its inputs.
     """
-    h = _hash32(keys ^ _hash32(stream & _MASK32))
+    return _bits_to_unit(_hash32(keys ^ _hash32(stream & _MASK32)))
+
+
+def uniforms(
+    # [n] int64 from row_keys
+    keys: torch.Tensor,
+    first: int,
+    count: int,
+) -> torch.Tensor:
+    """Return ``[n, count]`` float64: column ``j`` is ``uniform(keys, first + j)``, bit for bit.
+
+    One set of tensor ops for all the streams (a sampler's rejection rounds): on a GPU, where each op is a
+    kernel launch, ``count`` streams cost what one does. Does not mutate its inputs.
+    """
+    streams = torch.arange(first, first + count, dtype=torch.int64, device=keys.device) & _MASK32  # [count]
+    return _bits_to_unit(_hash32(keys.unsqueeze(1) ^ _hash32(streams)))  # [n, count]
+
+
+def _bits_to_unit(
+    # [...] int64 holding 32-bit hashes
+    h: torch.Tensor,
+) -> torch.Tensor:
+    """``[...]`` float64 in ``[0, 1)``: 53 bits derived from each hash (32 + 21, two more hashes)."""
     a = _hash32(h ^ 0x9E3779B9)  # 32 bits
     b = _hash32(h ^ 0x85EBCA6B) >> 11  # 21 bits
-    return ((a << 21) | b).to(torch.float64) * (2.0**-53)  # [n]
+    return ((a << 21) | b).to(torch.float64) * (2.0**-53)

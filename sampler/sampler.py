@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .metadata import SamplingMetadata, TokenIds
+from .ops import sampling as sampling_ops
 from .ops.bitmask import apply_token_bitmask, apply_token_bitmask_inplace
 from .ops.blocks import block_argmax, block_max, block_topk
 from .ops.logprobs import gather_logprobs
@@ -15,7 +16,7 @@ from .ops.penalties import apply_logit_bias_inplace, apply_penalties_inplace
 from .ops.sampling import sample_top_p_rejection, sample_window
 from .ops.topk_topp import apply_top_k_top_p_min_p, top_k_threshold
 from .params import SamplingParams
-from .rng import Stream, uniform
+from .rng import Stream, uniforms
 
 __all__ = ["LogprobsOutput", "Sampler", "SamplerOutput", "sample"]
 
@@ -141,16 +142,21 @@ class Sampler:
             best, best_ids = block_argmax(logits, md.greedy_rows, maxima)  # [g] each
             token_ids[md.greedy_rows] = best_ids
             dead[md.greedy_rows] = best == float("-inf")
+        facts = md.facts
+        u = md.keys.new_empty((0, 0), dtype=torch.float64)  # [B, rounds + 1]: the uniforms of the sampled rows
+        if md.batch_size > md.greedy_rows.numel():  # drawn for every row in one set of ops (one launch each on a GPU)
+            u = uniforms(md.keys, Stream.SAMPLE, sampling_ops.MAX_REJECTION_ROUNDS + 1)
         rows, kth = md.full_rows, None  # kth: [f] top-k thresholds, None when no full row has a top-k
-        if rows.numel() and bool((md.top_k[rows] < vocab).any()):
+        if rows.numel() and (facts.full_top_k if facts else bool((md.top_k[rows] < vocab).any())):
             kth = _kth(logits, md, rows)
+        tied_rows = None  # [t] window rows whose k-th logit ties beyond the window: drawn again on the full path
         if maxima is not None and md.window_rows.numel():  # 6.-10. for small top-k
-            tied_rows, tied_kth = self._sample_windows(logits, md, maxima, token_ids, dead)
-            if tied_rows.numel():
-                known = kth if kth is not None else torch.full((rows.numel(),), float("-inf"), device=device)
-                rows, kth = torch.cat([rows, tied_rows]), torch.cat([known, tied_kth])
+            tied_rows, tied_kth = self._sample_windows(logits, md, maxima, u, token_ids, dead)
         if rows.numel():  # 6.-10. for the rest
-            self._sample_full(logits, md, rows, kth, token_ids, dead, owned)
+            n_min_p, any_top_p = (facts.full_min_p, facts.full_top_p) if facts else (None, None)
+            self._sample_full(logits, md, rows, kth, u, token_ids, dead, owned, n_min_p, any_top_p)
+        if tied_rows is not None and tied_rows.numel():
+            self._sample_full(logits, md, tied_rows, tied_kth, u, token_ids, dead, False, None, None)
         token_ids[dead] = -1
 
         logprobs = None
@@ -165,6 +171,8 @@ class Sampler:
         md: SamplingMetadata,
         # [B, ceil(V / 256)]: block_max(logits)
         maxima: torch.Tensor,
+        # [B, rounds + 1] float64: the step's uniforms (column 0 here)
+        u: torch.Tensor,
         # [B] int64 / bool, written for the window rows
         token_ids: torch.Tensor,
         dead: torch.Tensor,
@@ -177,22 +185,22 @@ class Sampler:
         """
         rows = md.window_rows  # [w]
         k = md.top_k[rows]  # [w]
-        width = min(int(k.max()) + 1, md.vocab_size)
+        width = min((md.facts.window_k_max if md.facts else int(k.max())) + 1, md.vocab_size)
         values, ids = block_topk(logits, rows, maxima, width)  # [w, width] each, descending
         kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)  # [w]
         after = values.gather(1, k.clamp(max=width - 1).unsqueeze(1)).squeeze(1)  # [w] the (k+1)-th
         tied = (k < width) & (after == kth) & (kth > float("-inf"))
         row_dead = values[:, 0] == float("-inf")
         dead[rows] = row_dead
-        ok = ~(tied | row_dead)
-        if bool(ok.any()):
-            r = rows[ok]
-            v = values[ok] / md.temperature[r].unsqueeze(1)  # [m, width]
-            past_k = torch.arange(width, device=logits.device) >= k[ok].unsqueeze(1)  # [m, width]
-            v.masked_fill_(past_k, float("-inf"))
-            u = uniform(md.keys[r], Stream.SAMPLE)
-            token_ids[r] = sample_window(v, ids[ok], md.top_p[r], md.min_p[r], u)
-        return rows[tied], kth[tied]
+        # Every window row is drawn (no subset: on a GPU, picking rows waits for the device); a dead row's
+        # values become 0 so that its draw stays finite, and its token is overwritten (-1) by the caller; a tied
+        # row's by the full path.
+        v = torch.where(row_dead.unsqueeze(1), 0.0, values / md.temperature[rows].unsqueeze(1))  # [w, width]
+        past_k = torch.arange(width, device=logits.device) >= k.unsqueeze(1)  # [w, width]
+        v.masked_fill_(past_k, float("-inf"))
+        token_ids[rows] = sample_window(v, ids, md.top_p[rows], md.min_p[rows], u[rows, 0])
+        tied_at = tied.nonzero().squeeze(1)  # [t]: one wait for the device, where window rows exist
+        return rows[tied_at], kth[tied_at]
 
     def _sample_full(
         self,
@@ -203,20 +211,28 @@ class Sampler:
         rows: torch.Tensor,
         # [f] float32 or None: top-k thresholds on the unscaled logits (-inf: none)
         kth: torch.Tensor | None,
+        # [B, rounds + 1] float64: the step's uniforms
+        u: torch.Tensor,
         # [B] int64 / bool, written for ``rows``
         token_ids: torch.Tensor,
         dead: torch.Tensor,
         owned: bool,
+        n_min_p: int | None,
+        any_top_p: bool | None,
     ) -> None:
         """Sample rows over the whole vocabulary, without sorting; ``owned``: ``logits`` may be overwritten.
+        ``n_min_p`` (how many of ``rows`` have a min-p) and ``any_top_p`` (whether one has a top-p), where
+        the host knows them (None: read from the tensors; on a GPU each waits for the device).
 
         The weights are ``2 ** ((x - max) * log2(e) / T)``: a softmax without its normalising
         pass (``exp2`` vectorises on CPUs, where ``exp`` takes a slow path for ``-inf``). Min-p
         rows are placed first and scaled by ``1 / min_p``, so that one scalar threshold (1) on
         that slice keeps ``p >= min_p * max p``; top-p stays a share of the mass before min-p.
+        A row with no token allowed has weights 0: its draw is arbitrary, and it is flagged ``dead``.
         """
         min_p = md.min_p[rows]  # [f]
-        n_min_p = int((min_p > 0).sum())
+        if n_min_p is None:
+            n_min_p = int((min_p > 0).sum())
         if n_min_p:  # min-p rows first
             order = torch.argsort((min_p > 0).to(torch.int8), descending=True, stable=True)  # [f]
             rows, min_p = rows[order], min_p[order]
@@ -236,17 +252,15 @@ class Sampler:
         scaled.sub_(torch.where(row_dead, 0.0, row_max).unsqueeze(1)).mul_(scale.unsqueeze(1))  # [f, V]: 0 at the max
         if n_min_p:  # min-p rows: max weight 1 / min_p
             scaled[:n_min_p].sub_(min_p[:n_min_p].clamp(min=_MIN_P_FLOOR).log2().unsqueeze(1))
-        probs = scaled.exp2_()  # [f, V] unnormalised
+        probs = scaled.exp2_()  # [f, V] unnormalised; 0 on dead rows
         total = None  # [f] float64: the mass top-p is a share of, where min-p filters
         if n_min_p:  # 9.
             total = probs.sum(-1).double()
             torch.threshold_(probs[:n_min_p], _BELOW_ONE, 0.0)
-        live = ~row_dead
-        if not bool(live.all()):
-            rows, probs = rows[live], probs[live]
-            total = total[live] if total is not None else None
-        scratch = self._buffer("scratch", 2 * probs.shape[0], vocab, logits.device)
-        token_ids[rows] = sample_top_p_rejection(probs, md.top_p[rows], md.keys[rows], scratch, total)  # 8., 10.
+        scratch = self._buffer("scratch", 2 * f, vocab, logits.device)
+        token_ids[rows] = sample_top_p_rejection(
+            probs, md.top_p[rows], u[rows], scratch, total, any_top_p=any_top_p
+        )  # 8., 10.
 
     def _logprobs(
         self,

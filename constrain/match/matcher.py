@@ -258,7 +258,7 @@ class Matcher:
             return state is not None
         row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
         probe._grammar_state.fill_next_token_bitmask(row.unsqueeze(0), 0)
-        return state.forbid_violations(row, self._eos, lambda token: probe._viable(token, depth - 1)) == VIABLE
+        return state.leaves_viable(row, self._eos, lambda token: probe._viable(token, depth - 1))
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would

@@ -319,6 +319,46 @@ class ValueState:
         words[:] = saved
         return DEAD_END
 
+    def leaves_viable(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+        eos_token_ids: Iterable[int],
+        viable: Callable[[int], bool],
+    ) -> bool:
+        """Exactly whether :meth:`forbid_violations` returns :data:`VIABLE` on ``row``: some allowed token
+        completes no bad value and (where the look-ahead applies) is viable. The look-ahead's own question
+        one step on, answered without clearing anything and stopping at the first token that shows it
+        (tokens no check can refuse first: they need no scan), where :meth:`forbid_violations` scans and
+        probes every allowed token to know which to clear. Reads ``row`` only."""
+        ids, here = self._candidates()
+        if ids is None and self.scan.mode != SCALAR:
+            return True
+        allowed = allowed_ids(row.numpy())  # [k] int64, padding ids too
+        if not len(allowed):
+            return True  # nothing to clear: forbid_violations calls it viable too
+        refusable = np.zeros(len(allowed), dtype=bool)  # [k]: candidates, and EOS where the output cannot end
+        if ids is not None and len(ids):
+            at = ids.searchsorted(allowed).clip(max=len(ids) - 1)  # [k]
+            refusable = ids[at] == allowed
+        eos = [t for t in eos_token_ids if not self.can_end()]
+        if eos:
+            refusable |= np.isin(allowed, eos)
+        free, checked = allowed[~refusable].tolist(), allowed[refusable].tolist()
+        looks = here and len(allowed) <= LOOKAHEAD_TOKENS
+        texts = self.vocab.texts
+
+        def ok(token: int) -> bool:  # what the look-ahead keeps (tokens without text: never probed)
+            return not looks or token >= len(texts) or not texts[token] or viable(token)
+
+        if any(ok(t) for t in free):
+            return True
+        eos_set = set(eos)
+        banned = set(self._violations([t for t in checked if t not in eos_set])) | (eos_set & set(checked))
+        if not looks:
+            return len(banned) < len(checked) or not banned
+        return any(ok(t) for t in checked if t not in banned)
+
     def leaves_some(
         self,
         # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)

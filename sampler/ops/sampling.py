@@ -24,26 +24,38 @@ from __future__ import annotations
 
 import torch
 
-from ..rng import Stream, uniform
 from .topk_topp import top_p_threshold
 
-__all__ = ["MAX_REJECTION_ROUNDS", "block_sums", "inverse_cdf_sample", "sample_top_p_rejection", "sample_window"]
+__all__ = [
+    "BOUND_FIRST",
+    "MAX_REJECTION_ROUNDS",
+    "block_sums",
+    "inverse_cdf_sample",
+    "sample_top_p_rejection",
+    "sample_window",
+]
 
 BLOCK = 256
 """Tokens per block of the two-level inverse-CDF search."""
 
 MAX_REJECTION_ROUNDS = 16
-"""Rows still rejected after this many rounds take the exact threshold path."""
+"""Rows still rejected after this many rounds take the exact threshold path (the sampler draws
+``MAX_REJECTION_ROUNDS + 1`` uniforms per row for :func:`sample_top_p_rejection`)."""
+
+BOUND_FIRST = frozenset({"cpu"})
+"""Device types on which a rejection round measures a draw exactly only where a free bound cannot accept
+it (:func:`sample_top_p_rejection`): the exact measure costs a pass there, while picking the rows to
+measure costs a GPU a wait for the device. The tokens are the same either way."""
 
 
-def _last_positive(
-    # [n, w] float
-    weights: torch.Tensor,
+def _below(
+    # [n] float64, >= 0
+    total: torch.Tensor,
 ) -> torch.Tensor:
-    """``[n]`` index of the last positive weight of each row (0 if none)."""
-    positive = weights > 0  # [n, w]
-    last = (weights.shape[1] - 1) - positive.flip(-1).to(torch.int8).argmax(-1)
-    return torch.where(positive.any(-1), last, 0)
+    """``[n]`` the float64 just below ``total`` (just below 0 for 0): a target clamped to it lands on a positive
+    weight. A search for ``t < cdf[-1]`` stops at the first ``i`` with ``cdf[i] > t >= cdf[i - 1]``, a
+    positive weight; only rounding (``u * total == total``) could take it past the last one."""
+    return torch.nextafter(total, torch.full_like(total, float("-inf")))
 
 
 def _search(
@@ -54,11 +66,12 @@ def _search(
 ) -> torch.Tensor:
     """``[n]`` first index whose inclusive float64 cumulative sum exceeds ``target``.
 
-    Never returns an index past the last positive weight (guards rounding).
+    A target at or past the total (rounding) is taken just below it: the index is that of a positive
+    weight (0 for a row of zeros), never past the last one.
     """
     cdf = weights.to(torch.float64).cumsum(-1)  # [n, w]
-    pos = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [n]
-    return torch.minimum(pos, _last_positive(weights))
+    target = torch.minimum(target, _below(cdf[:, -1]))
+    return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1).clamp_(max=weights.shape[1] - 1)
 
 
 def block_sums(
@@ -96,14 +109,15 @@ def inverse_cdf_sample(
     if block_mass is None:
         block_mass = block_sums(weights)  # [n, num_blocks]
     cdf = block_mass.cumsum(-1)  # [n, num_blocks]
-    target = u * cdf[:, -1]  # [n]
-    block = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [n]
-    block = torch.minimum(block, _last_positive(block_mass))
-    before = cdf.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [n]
-    before = torch.where(block > 0, before, torch.zeros_like(before))
+    target = torch.minimum(u * cdf[:, -1], _below(cdf[:, -1]))  # [n]
+    block = torch.searchsorted(cdf, target.unsqueeze(1), right=True).clamp_(max=cdf.shape[1] - 1)  # [n, 1]
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp_(min=0)), 0.0).squeeze(1)  # [n] mass ahead
+    block = block.squeeze(1)
     offsets = block.unsqueeze(1) * BLOCK + torch.arange(BLOCK, device=weights.device)  # [n, BLOCK]
-    in_vocab = offsets < vocab
-    local = weights.gather(1, offsets.clamp(max=vocab - 1)) * in_vocab  # [n, BLOCK]
+    if vocab % BLOCK:  # a last, shorter block: ids past the vocabulary weigh 0
+        local = weights.gather(1, offsets.clamp(max=vocab - 1)) * (offsets < vocab)  # [n, BLOCK]
+    else:
+        local = weights.gather(1, offsets)  # [n, BLOCK]
     return block * BLOCK + _search(local, (target - before).clamp(min=0))
 
 
@@ -167,12 +181,14 @@ def sample_top_p_rejection(
     probs: torch.Tensor,
     # [n] float32 in (0, 1]
     top_p: torch.Tensor,
-    # [n] int64: rng.row_keys of each row
-    keys: torch.Tensor,
+    # [n, rounds + 1] float64 in [0, 1): column r is round r's uniform (rng.uniforms from Stream.SAMPLE)
+    u: torch.Tensor,
     # [>= 2n, V] float32 or None: scratch space, overwritten (allocated if None)
     scratch: torch.Tensor | None = None,
     # [n] float64 or None: the mass top-p is a share of (min-p filtered rows: before filtering); None: probs' sum
     total: torch.Tensor | None = None,
+    *,
+    any_top_p: bool | None = None,
 ) -> torch.Tensor:
     """Return ``[n]`` int64 ids drawn from ``probs`` within the top-p nucleus.
 
@@ -180,49 +196,62 @@ def sample_top_p_rejection(
     larger distribution of mass ``total`` (min-p), the draw is from the intersection of that set
     with the larger distribution's nucleus: the mass above a kept token is the same in both.
 
-    Rows need a positive maximum. Uses stream ``Stream.SAMPLE + round`` of
-    :func:`constrain.sampler.rng.uniform`. Later rounds copy their rows into the second
-    half of ``scratch`` (a reused buffer: fresh pages cost as much as a pass).
+    A row of zeros (no token allowed) gets an arbitrary id: callers flag such rows. ``any_top_p``:
+    whether some row has ``top_p < 1``, when the caller knows it (None: read from ``top_p``, which on
+    a GPU waits for it). Round ``r`` draws with ``u[:, r]``; rows still refused after ``rounds`` rounds
+    take the exact threshold (with ``u[:, rounds]``). Later rounds copy their rows into the second half of
+    ``scratch`` (a reused buffer: fresh pages cost as much as a pass).
+
+    On a CPU a draw is measured exactly only where a free bound (block masses) cannot accept it: the
+    exact measure costs a pass. Elsewhere (a GPU) every drawn row is measured, so that a round costs
+    one wait for the device (which rows go on) instead of three.
     """
     n = probs.shape[0]
     device = probs.device
     if scratch is None:
         scratch = torch.empty(2 * n, probs.shape[1], dtype=probs.dtype, device=device)
     work, subset = scratch[:n], scratch[n : 2 * n]  # [n, V] each
-    tokens = torch.empty(n, dtype=torch.int64, device=device)
+    rounds = u.shape[1] - 1
     first_blocks = block_sums(probs)  # [n, num_blocks]
     target = (first_blocks.sum(-1) if total is None else total) * top_p.double()  # [n] nucleus mass
+    tested = (top_p < 1) & (target > 0)  # [n] rows whose draw may be refused
+    tokens = inverse_cdf_sample(probs, u[:, 0], first_blocks)  # [n] round 0
+    if not (any_top_p if any_top_p is not None else bool((top_p < 1).any())):
+        return tokens
+    bound_first = device.type in BOUND_FIRST
     pivot = torch.full((n,), -1.0, dtype=probs.dtype, device=device)  # [n]: draw from probs above it
     rows = torch.arange(n, device=device)  # rows still drawing, as indices into the batch
-    rows_probs = probs  # [m, V] their probabilities
-    for round_ in range(MAX_REJECTION_ROUNDS):
+    rows_probs, mass, drawn = probs, first_blocks, tokens  # [m, V], [m, num_blocks], [m]
+    for round_ in range(1, rounds + 1):
         m = rows.numel()
-        if round_ == 0:
-            weights, mass = probs, first_blocks  # [m, V], [m, num_blocks]
-        else:
-            weights = _above(rows_probs, pivot, work[:m])
-            mass = block_sums(weights)
-        drawn = inverse_cdf_sample(weights, uniform(keys[rows], Stream.SAMPLE + round_), mass)  # [m]
-        tokens[rows] = drawn
-        checked = top_p[rows] < 1
-        if not bool(checked.any()):
-            return tokens
+        checked = tested[rows]  # [m]
         drawn_prob = rows_probs.gather(1, drawn.unsqueeze(1)).squeeze(1)  # [m]
-        # Free bound first: a token above drawn_prob makes its block's mass exceed drawn_prob, so all
-        # the mass above it lies in such blocks (and above the pivot too, so `weights` holds it all).
-        upper = torch.where(mass > drawn_prob.unsqueeze(1).double(), mass, 0.0).sum(-1)  # [m]
-        unsure = (checked & (upper >= target[rows])).nonzero().squeeze(1)  # [x]
-        rejected = torch.zeros_like(checked)
-        if unsure.numel():  # measure those exactly, on a copy
-            copy = torch.index_select(rows_probs, 0, unsure, out=work[: unsure.numel()])
-            rejected[unsure] = _mass_above_inplace(copy, drawn_prob[unsure]) >= target[rows[unsure]]
-        if not bool(rejected.any()):
+        if bound_first:
+            # Free bound first: a token above drawn_prob makes its block's mass exceed drawn_prob, so all
+            # the mass above it lies in such blocks (and above the pivot too, so `weights` held it all).
+            upper = torch.where(mass > drawn_prob.unsqueeze(1).double(), mass, 0.0).sum(-1)  # [m]
+            unsure = (checked & (upper >= target[rows])).nonzero().squeeze(1)  # [x]
+            rejected = torch.zeros_like(checked)
+            if unsure.numel():  # measure those exactly, on a copy
+                copy = torch.index_select(rows_probs, 0, unsure, out=work[: unsure.numel()])
+                rejected[unsure] = _mass_above_inplace(copy, drawn_prob[unsure]) >= target[rows[unsure]]
+        else:
+            above = _mass_above_inplace(work[:m].copy_(rows_probs), drawn_prob)  # [m]
+            rejected = checked & (above >= target[rows])
+        again = rejected.nonzero().squeeze(1)  # [r]
+        if not again.numel():
             return tokens
-        rows, pivot = rows[rejected], torch.maximum(pivot[rejected], drawn_prob[rejected])
+        rows, pivot = rows[again], torch.maximum(pivot[again], drawn_prob[again])
         rows_probs = torch.index_select(probs, 0, rows, out=subset[: rows.numel()])
+        if round_ == rounds:
+            break
+        weights = _above(rows_probs, pivot, work[: rows.numel()])
+        mass = block_sums(weights)
+        drawn = inverse_cdf_sample(weights, u[rows, round_], mass)  # [m]
+        tokens[rows] = drawn
     # Rare: fall back to the exact nucleus threshold for the rows still drawing.
     share = (target[rows] / rows_probs.sum(-1, dtype=torch.float64)).clamp(max=1.0)  # [m] of what probs hold
     floor = top_p_threshold(rows_probs, share)  # [m]
     weights = _above(rows_probs, torch.nextafter(floor, torch.zeros_like(floor)), work[: rows.numel()])
-    tokens[rows] = inverse_cdf_sample(weights, uniform(keys[rows], Stream.SAMPLE + MAX_REJECTION_ROUNDS))
+    tokens[rows] = inverse_cdf_sample(weights, u[rows, rounds])
     return tokens

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 import constrain
 from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
-from constrain.match.values import VIABLE
+from constrain.match.values import VIABLE, ValueState
 from constrain.match.vocab import ValueVocab
 from constrain.testing import token_ids
 
@@ -95,6 +96,49 @@ def test_refusals_and_dead_ends_are_compared(smol_tokenizer, schema):
     """Fixed schemas whose walks are known to meet refused tokens (and a dead end): the comparison is not
     vacuous."""
     assert sum(_compare_along_a_walk(smol_tokenizer, schema, walk_seed) for walk_seed in range(4)) > 100
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=25)
+@seed(31)
+@given(schema=SCHEMAS, walk_seed=st.integers(0, 2**16))
+def test_the_look_aheads_short_answer_is_forbid_violations_verdict(smol_tokenizer, schema, walk_seed):
+    """``leaves_viable`` (the depth-2 probe's question, stopping at the first viable token) answers exactly
+    whether ``forbid_violations`` returns ``VIABLE`` (which probes every token): compared on every probe
+    the walks make, with the same ``viable``, the real one and two made up."""
+    asked = []
+    short = ValueState.leaves_viable
+
+    def both(state, row, eos, viable):
+        # the real look-ahead, and two made up (the equivalence holds for any): none viable, every other one
+        for ahead in (viable, lambda token: False, lambda token: token % 2 == 0):
+            expected = state.forbid_violations(row.clone(), eos, ahead) == VIABLE
+            assert short(state, row, eos, ahead) == expected, (schema, state.scan.mode)
+        asked.append(short(state, row, eos, viable))
+        return asked[-1]
+
+    with mock.patch.object(ValueState, "leaves_viable", both):
+        _compare_along_a_walk(smol_tokenizer, schema, walk_seed, steps=25)
+
+
+def test_the_look_aheads_short_answer_is_compared_both_ways(smol_tokenizer, monkeypatch):
+    """On fixed schemas whose walks meet dead ends ahead, the short answer is asked, and is False at times."""
+    answers = []
+    short = ValueState.leaves_viable
+
+    def both(state, row, eos, viable):
+        for ahead in (lambda token: False, lambda token: token % 2 == 0):
+            answers.append(short(state, row, eos, ahead))
+            assert answers[-1] == (state.forbid_violations(row.clone(), eos, ahead) == VIABLE)
+        return short(state, row, eos, viable)
+
+    monkeypatch.setattr(ValueState, "leaves_viable", both)
+    for schema in (
+        {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "maxItems": 2},
+        {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3},
+    ):
+        for walk_seed in range(4):
+            _compare_along_a_walk(smol_tokenizer, schema, walk_seed)
+    assert True in answers and False in answers
 
 
 def _closing_agrees(tokenizer, schema: dict, walk_seed: int) -> int:
