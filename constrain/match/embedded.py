@@ -108,6 +108,17 @@ class CallValues:
         nothing is checked."""
         return VIABLE if self.inner is None else self.inner.forbid_violations(row, eos_token_ids, viable)
 
+    def leaves_viable(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+        eos_token_ids: Iterable[int],
+        viable: Callable[[int], bool],
+    ) -> bool:
+        """As :meth:`~constrain.match.values.ValueState.leaves_viable`, inside a value; between values
+        nothing is checked (:meth:`forbid_violations` returns ``VIABLE``)."""
+        return self.inner is None or self.inner.leaves_viable(row, eos_token_ids, viable)
+
     def leaves_some(
         self,
         # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
