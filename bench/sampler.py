@@ -38,12 +38,14 @@ which ``bench/plots.py`` reads)
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
 import sys
 import time
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,6 +307,38 @@ def profile_issue_mix(device: str) -> None:
     )
 
 
+def count_waits(device: str) -> None:
+    """How often one call makes the host wait for the GPU (B = 64, V = 128,256, the pipeline's mix), and where:
+    torch's synchronization debug mode, which warns at each op that waits (it does not see every kind)."""
+    if device != "cuda":
+        raise SystemExit("--waits counts waits for a GPU: pass --device cuda")
+    batch, vocab = 64, 128_256
+    gen = torch.Generator().manual_seed(0)
+    source = (torch.randn(batch, vocab, generator=gen) * 3).to(device)
+    work = torch.empty_like(source)
+    prompts = torch.randint(0, vocab, (batch, 128), generator=gen)
+    params = [MIX[(i + 1) % len(MIX)] for i in range(batch)]
+    sampler = Sampler()
+    print("\nHost waits for the GPU in one call (B = 64, V = 128,256), by source line")
+    for name, mix in (("public", params), ("greedy", [SamplingParams(temperature=0)] * batch)):
+        requests = [Request(p, prompts[i].tolist(), []) for i, p in enumerate(mix)]
+        rows = SamplingBatch(vocab, device=device)
+        rows.update(requests)
+        sampler(work.copy_(source), rows.metadata())  # warm: the call below reuses the row tensors
+        for r in requests:
+            r.output_ids.append(7)
+        work.copy_(source)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows.update(requests)
+            sampler(work, rows.metadata())
+        torch.cuda.set_sync_debug_mode(0)
+        where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught)
+        print(f"{name}: {sum(where.values())} waits" + "".join(f", {n} at {at}" for at, n in where.most_common()))
+
+
 def bench_bitmask(batch: int, vocab: int, device: str, reps: int) -> dict[str, float]:
     """Bitmask application: the sampler's op (its ``"auto"`` kernel, then each kernel), xgrammar's and a
     ``masked_fill_`` of a ready bool mask, interleaved rep by rep, so load drifts hit all alike."""
@@ -355,6 +389,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, B <= 64")
     parser.add_argument("--bitmask-only", action="store_true", help="only the bitmask table")
     parser.add_argument("--profile", action="store_true", help="also profile the issue-16 mix op by op")
+    parser.add_argument(
+        "--waits", action="store_true", help="also count the host's waits for the GPU in one call (cuda only)"
+    )
     parser.add_argument("--isa", choices=["avx2"], help="re-run with torch's and oneDNN's CPU kernels capped")
     parser.add_argument("--json", type=Path, default=None, help="also write the machine and every table's µs here")
     parser.add_argument("--shapes", default=None, help="only these pipelines, e.g. 64x128256 (no bitmask table)")
@@ -404,6 +441,8 @@ def main() -> None:
         mix = {"batch": 64, "vocab": 128_256, "us": r}
     if args.profile:
         profile_issue_mix(args.device)
+    if args.waits:
+        count_waits(args.device)
     print("\nBitmask application, µs (median, systems interleaved)")
     print(f"| B | V | sampler (auto) | {' | '.join(KERNELS)} | xgrammar "
           "| masked_fill_ (ready bool mask) |")  # fmt: skip

@@ -398,7 +398,28 @@ class _Preparer:
     def _pattern_properties(
         self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
     ) -> None:
-        self.mark(at, key, "checked", "keys matching a pattern are accepted with any value; validated afterwards")
+        """Where no other key is allowed (``additionalProperties: false``), the engine is given the patterns
+        (as searches, like ``pattern``) with any value: its mask then refuses a key, character by character,
+        once no declared name nor pattern can match it. Their values are checked, since a key may match
+        several patterns and a declared name, and must satisfy each. Else, or where a pattern is one the
+        engine would misread or cannot serve, the keys are checked as they complete."""
+        if not isinstance(value, dict):
+            raise SchemaError("patternProperties must be an object", at)
+        searches = [search_pattern(pattern) for pattern in value] if node.get("additionalProperties") is False else []
+        try:
+            for search in searches:
+                if search is not None:
+                    check_regex(search)
+        except RuntimeError:
+            searches = []
+        if not searches or None in searches:
+            self.mark(at, key, "checked", "keys matching a pattern are accepted with any value; validated afterwards")
+            return
+        out[key] = {search: {} for search in searches if search is not None}
+        self.mark(
+            at, key, "checked", "keys no pattern nor declared name can match are refused by the mask; values "
+            "validated afterwards",
+        )  # fmt: skip
 
     _HANDLERS: ClassVar[dict[str, Callable[..., None]]] = {
         "properties": _properties,
@@ -421,7 +442,9 @@ class _Preparer:
 
     def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         """Keep the grammar a superset where a dropped keyword would have widened what is allowed."""
-        widening = ("patternProperties", "unevaluatedProperties", "dependentSchemas", "if", "then", "else")
+        widening = ("unevaluatedProperties", "dependentSchemas", "if", "then", "else")
+        if "patternProperties" not in out:  # the engine has no patterns (see _pattern_properties)
+            widening += ("patternProperties",)
         if any(k in node for k in widening) and "additionalProperties" in out:
             out.pop("additionalProperties")  # keys the dropped keyword would admit must stay possible
             self.mark(pointer, "additionalProperties", "checked", "relaxed beside patternProperties/unevaluated*")

@@ -192,6 +192,55 @@ def test_patterns_are_anchored_on_both_engines(smol_tokenizer, engine):
         assert not accepts(compiled, smol_tokenizer, bad), bad
 
 
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_pattern_keys_are_refused_as_they_are_written_on_both_engines(smol_tokenizer, engine):
+    """Beside ``additionalProperties: false``, a key no pattern nor declared name can match is refused by the
+    mask at its first character that rules them out, not only at its closing quote (vLLM samples with no
+    way back: a key refused at its quote is written on until ``max_tokens``). The patterns are searches."""
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}},
+        "patternProperties": {"^x-[a-z]+$": {"type": "integer"}, "^_v": {"type": "boolean"}},
+        "additionalProperties": False,
+    }
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
+    assert set(compiled.engine_schema["patternProperties"]) == {"^(?:x-[a-z]+)$", "^(?:_v).*$"}
+    ok, matcher = walk(compiled, token_ids(smol_tokenizer, '{"'))
+    assert ok
+    bitmask = constrain.allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    allowed = allowed_ids(bitmask[0], compiled.vocab_size)
+    one = {text: token_ids(smol_tokenizer, text)[0] for text in ("x", "i", "_", "b", "y")}
+    assert {one["x"], one["i"], one["_"]} <= allowed and not {one["b"], one["y"]} & allowed
+    for text, valid in [
+        ('{"id": "s", "x-ab": 1}', True),  # llguidance takes declared keys first
+        ('{"_vb": true}', True),
+        ('{"a_v": true}', False),
+        ('{"x-": 1}', False),
+        ('{"y-ab": 1}', False),
+        ('{"x-ab1": 1}', False),
+    ]:
+        assert accepts(compiled, smol_tokenizer, text) == valid, text
+    assert compiled.validate('{"x-ab": true}')  # the values stay checked: the engine takes any value there
+    entry = next(e for e in compiled.coverage if e.keyword == "patternProperties")
+    assert "refused by the mask" in entry.note
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"patternProperties": {"^a|b$": {}}, "additionalProperties": False},  # outer anchors bind one branch
+        {"patternProperties": {"^x": {}}},  # other keys are allowed anyway
+        {"patternProperties": {"^x": {}}, "additionalProperties": {"type": "integer"}},
+    ],
+)
+def test_pattern_keys_stay_checked_where_the_engine_cannot_hold_them(smol_tokenizer, schema):
+    compiled = constrain.compile(spec({"type": "object", **schema}), smol_tokenizer)
+    assert "patternProperties" not in compiled.engine_schema
+    entry = next(e for e in compiled.coverage if e.keyword == "patternProperties")
+    assert "refused by the mask" not in entry.note
+
+
 def test_engine_name_is_checked(smol_tokenizer):
     with pytest.raises(ValueError, match="engine must be one of"):
         constrain.compile(constrain.regex("a"), smol_tokenizer, engine="outlines")
