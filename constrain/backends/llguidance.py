@@ -99,6 +99,16 @@ class LlgState:
             return False
         return True
 
+    def completes(self, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` (no EOS among them) are all accepted and leave a complete match. Does not
+        change the state: llguidance's ``validate_tokens`` with an EOS after them (taken only where the
+        match is complete), one call where taking the tokens and rolling them back costs about 12x more
+        (a 13-token closing path: 6 against 72 µs)."""
+        if self.is_terminated() or not self._eos:
+            return False
+        eos = min(self._eos)
+        return bool(self.matcher.validate_tokens([*token_ids, eos]) == len(token_ids) + 1)
+
     def accept_string(self, text: str) -> bool:
         tokens = self._tokenizer.tokenize_str(text)
         taken = 0 if self.is_terminated() else self.matcher.try_consume_tokens(tokens)

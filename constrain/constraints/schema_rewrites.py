@@ -86,7 +86,7 @@ def search_pattern(pattern: str) -> str | None:
 
 
 _FAMILIES = {
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
+    "object": ("properties", "patternProperties", "required", "additionalProperties", "minProperties", "maxProperties"),
     "array": ("items", "prefixItems", "minItems", "maxItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),

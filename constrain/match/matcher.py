@@ -19,6 +19,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from constrain.backends.base import CompiledGrammar, GrammarState
+from constrain.backends.llguidance import LlgState
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.constraint import Constraint
 from constrain.match.bitmask import allocate_token_bitmask, clear_bits, count_allowed, set_bits
@@ -334,6 +335,8 @@ class Matcher:
                 values = self._values.state.advance_bytes(data)
                 if values is None or not values.can_end():
                     return False
+        if isinstance(self._grammar_state, LlgState):  # one call that changes nothing
+            return self._grammar_state.completes(token_ids)
         taken = 0
         for token in token_ids:
             if not self._grammar_state.accept_token(token):

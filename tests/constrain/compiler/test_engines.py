@@ -226,6 +226,16 @@ def test_pattern_keys_are_refused_as_they_are_written_on_both_engines(smol_token
     assert "refused by the mask" in entry.note
 
 
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_pattern_keys_go_with_the_object_branch_of_an_untyped_schema(smol_tokenizer, engine):
+    """Without ``type``, the schema is split by type for the engine: the patterns go with the object branch
+    (with ``additionalProperties``), or that branch would take no key at all."""
+    schema = {"patternProperties": {"^[a-z]+://": {}}, "additionalProperties": False}
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
+    for text, valid in [('{"http://x": 1, "ab://y": "z"}', True), ("5", True), ('{"http:x": 1}', False)]:
+        assert accepts(compiled, smol_tokenizer, text) == valid, text
+
+
 @pytest.mark.parametrize(
     "schema",
     [

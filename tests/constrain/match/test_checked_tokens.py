@@ -141,11 +141,11 @@ def test_the_look_aheads_short_answer_is_compared_both_ways(smol_tokenizer, monk
     assert True in answers and False in answers
 
 
-def _closing_agrees(tokenizer, schema: dict, walk_seed: int) -> int:
+def _closing_agrees(tokenizer, schema: dict, walk_seed: int, engine: str = "auto") -> int:
     """Walk to a complete match (random tokens of the eager masks, then EOS where allowed); from every
     step, ``completes`` of the rest of the walk, and of the rest with one token swapped, equals taking the
     tokens one by one on a search's fork. Returns how many paths completed."""
-    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), tokenizer)
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), tokenizer, engine=engine)
     matcher, rng, walk, states = compiled.matcher(), random.Random(walk_seed), [], []
     eos = set(compiled.tokenizer.eos_token_ids)
     for _ in range(60):
@@ -177,9 +177,18 @@ def test_a_paths_check_in_one_pass_agrees_with_token_by_token(smol_tokenizer, sc
     _closing_agrees(smol_tokenizer, schema, walk_seed)
 
 
-def test_paths_that_complete_are_compared(smol_tokenizer):
+@settings(derandomize=True, database=None, deadline=None, max_examples=20)
+@seed(28)
+@given(schema=SCHEMAS, walk_seed=st.integers(0, 2**16))
+def test_a_paths_check_agrees_with_token_by_token_on_llguidance(smol_tokenizer, schema, walk_seed):
+    """llguidance checks a path in one call that changes nothing (``validate_tokens``, an EOS after it)."""
+    _closing_agrees(smol_tokenizer, schema, walk_seed, engine="llguidance")
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_paths_that_complete_are_compared(smol_tokenizer, engine):
     schema = {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "maxItems": 2}
-    assert sum(_closing_agrees(smol_tokenizer, schema, walk_seed) for walk_seed in range(6)) > 5
+    assert sum(_closing_agrees(smol_tokenizer, schema, walk_seed, engine) for walk_seed in range(6)) > 5
 
 
 @pytest.mark.parametrize(
