@@ -44,6 +44,7 @@ from constrain.constraints.schema_refs import References, pointer_token, resolve
 from constrain.constraints.schema_rewrites import (
     ANNOTATIONS,
     declare_required,
+    disjoint_searches,
     distribute_any_of,
     literal_schema,
     round_integer_bounds,
@@ -400,25 +401,27 @@ class _Preparer:
     ) -> None:
         """Where no other key is allowed (``additionalProperties: false``), the engine is given the patterns
         (as searches, like ``pattern``) with any value: its mask then refuses a key, character by character,
-        once no declared name nor pattern can match it. Their values are checked, since a key may match
-        several patterns and a declared name, and must satisfy each. Else, or where a pattern is one the
-        engine would misread or cannot serve, the keys are checked as they complete."""
+        once no declared name nor pattern can match it. The values stay checked (a key may match a pattern
+        and a declared name, and must satisfy both; their subschemas are not given to the engine, whose
+        grammar would grow past what ``engine="auto"`` leaves to xgrammar, and llguidance takes properties
+        in the schema's order only). Else, where a pattern is one the engine would misread or cannot serve,
+        or two patterns may match one key (llguidance refuses those), the keys are checked as they complete."""
         if not isinstance(value, dict):
             raise SchemaError("patternProperties must be an object", at)
-        searches = [search_pattern(pattern) for pattern in value] if node.get("additionalProperties") is False else []
+        closed = node.get("additionalProperties") is False
+        searches = [search for search in map(search_pattern, value) if search is not None] if closed else []
         try:
             for search in searches:
-                if search is not None:
-                    check_regex(search)
+                check_regex(search)
         except RuntimeError:
             searches = []
-        if not searches or None in searches:
+        if not searches or len(searches) < len(value) or not disjoint_searches(searches):
             self.mark(at, key, "checked", "keys matching a pattern are accepted with any value; validated afterwards")
             return
-        out[key] = {search: {} for search in searches if search is not None}
+        out[key] = {search: {} for search in searches}
         self.mark(
-            at, key, "checked", "keys no pattern nor declared name can match are refused by the mask; values "
-            "validated afterwards",
+            at, key, "checked", "keys no pattern nor declared name can match are refused by the mask; their "
+            "values are any JSON to the engine and validated afterwards",
         )  # fmt: skip
 
     _HANDLERS: ClassVar[dict[str, Callable[..., None]]] = {
@@ -442,9 +445,9 @@ class _Preparer:
 
     def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         """Keep the grammar a superset where a dropped keyword would have widened what is allowed."""
-        widening = ("unevaluatedProperties", "dependentSchemas", "if", "then", "else")
+        widening = ["unevaluatedProperties", "dependentSchemas", "if", "then", "else"]
         if "patternProperties" not in out:  # the engine has no patterns (see _pattern_properties)
-            widening += ("patternProperties",)
+            widening.append("patternProperties")
         if any(k in node for k in widening) and "additionalProperties" in out:
             out.pop("additionalProperties")  # keys the dropped keyword would admit must stay possible
             self.mark(pointer, "additionalProperties", "checked", "relaxed beside patternProperties/unevaluated*")

@@ -10,8 +10,11 @@ rounded inward. Where a rewrite can only give a superset it says so (a ``False``
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
+
+import interegular
 
 from constrain.errors import UnsatisfiableSchemaError
 
@@ -19,6 +22,7 @@ __all__ = [
     "ANNOTATIONS",
     "combine",
     "declare_required",
+    "disjoint_searches",
     "distribute_any_of",
     "literal_schema",
     "merge_into",
@@ -83,6 +87,16 @@ def search_pattern(pattern: str) -> str | None:
             return None
     # anchored explicitly: xgrammar reads a pattern as a full match, llguidance as a search
     return "^" + ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*") + "$"
+
+
+def disjoint_searches(searches: list[str]) -> bool:
+    """Whether no string matches two of ``searches`` (:func:`search_pattern`'s anchored forms): llguidance
+    refuses ``patternProperties`` whose regexes overlap. False where interegular cannot read one."""
+    try:
+        machines = [interegular.parse_pattern(search[1:-1]).to_fsm() for search in searches]  # the ^...$ dropped
+        return all(a.intersection(b).empty() for a, b in itertools.combinations(machines, 2))  # type: ignore[no-untyped-call]
+    except Exception:  # syntax interegular lacks: not shown disjoint
+        return False
 
 
 _FAMILIES = {
