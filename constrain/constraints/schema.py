@@ -400,12 +400,14 @@ class _Preparer:
         self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str
     ) -> None:
         """Where no other key is allowed (``additionalProperties: false``), the engine is given the patterns
-        (as searches, like ``pattern``) with any value: its mask then refuses a key, character by character,
-        once no declared name nor pattern can match it. The values stay checked (a key may match a pattern
-        and a declared name, and must satisfy both; their subschemas are not given to the engine, whose
-        grammar would grow past what ``engine="auto"`` leaves to xgrammar, and llguidance takes properties
-        in the schema's order only). Else, where a pattern is one the engine would misread or cannot serve,
-        or two patterns may match one key (llguidance refuses those), the keys are checked as they complete."""
+        (as searches, like ``pattern``): its mask then refuses a key, character by character, once no
+        declared name nor pattern can match it. In generation mode each pattern's subschema goes with it, so
+        that the model writes the value by it; in specification mode the engine takes any value there (the
+        subschemas would grow the grammar past what ``engine="auto"`` leaves to xgrammar, and llguidance
+        takes properties in the schema's order only, refusing valid objects). The values stay checked: a
+        key matching a pattern and a declared name must satisfy both. Else, where a pattern is one the
+        engine would misread or cannot serve, or two patterns may match one key (llguidance refuses those),
+        the keys are checked as they complete."""
         if not isinstance(value, dict):
             raise SchemaError("patternProperties must be an object", at)
         closed = node.get("additionalProperties") is False
@@ -419,9 +421,13 @@ class _Preparer:
             self.mark(at, key, "checked", "keys matching a pattern are accepted with any value; validated afterwards")
             return
         out[key] = {search: {} for search in searches}
+        if self.closed:  # generation: the model writes each key's value by its pattern's schema
+            for search, (pattern, sub) in zip(searches, value.items(), strict=True):
+                prepared = self.schema(sub, f"{ptr}/{pointer_token(pattern)}")
+                out[key][search] = {} if prepared is False else prepared  # false: a superset
         self.mark(
             at, key, "checked", "keys no pattern nor declared name can match are refused by the mask; their "
-            "values are any JSON to the engine and validated afterwards",
+            "values validated afterwards",
         )  # fmt: skip
 
     _HANDLERS: ClassVar[dict[str, Callable[..., None]]] = {

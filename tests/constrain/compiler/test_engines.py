@@ -225,6 +225,10 @@ def test_pattern_keys_are_refused_as_they_are_written_on_both_engines(smol_token
 
     entry = next(e for e in compiled.coverage if e.keyword == "patternProperties")
     assert "refused by the mask" in entry.note
+    assert compiled.engine_schema["patternProperties"]["^(?:x-[a-z]+)$"] == {}  # any value: the order stays free
+    generating = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    assert generating.engine_schema["patternProperties"]["^(?:x-[a-z]+)$"] == {"type": "integer"}  # written by it
+    assert accepts(generating, smol_tokenizer, '{"id": "s", "x-ab": 1}')
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
