@@ -410,8 +410,8 @@ class _Preparer:
         the keys are checked as they complete."""
         if not isinstance(value, dict):
             raise SchemaError("patternProperties must be an object", at)
-        closed = node.get("additionalProperties") is False
-        searches = [search for search in map(search_pattern, value) if search is not None] if closed else []
+        no_others = node.get("additionalProperties") is False
+        searches = [search for search in map(search_pattern, value) if search is not None] if no_others else []
         try:
             for search in searches:
                 check_regex(search)
