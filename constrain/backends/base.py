@@ -110,3 +110,8 @@ class CompiledGrammar(Protocol):
     def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
         """A fresh per-request state at the grammar's start (``-1``: unbounded rollback)."""
         ...
+
+    def completes(self, state: GrammarState, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` (no EOS among them) take ``state``, one of this grammar's, to a complete
+        match. Leaves ``state`` as it was (the check of a closing path, once per vetted token)."""
+        ...

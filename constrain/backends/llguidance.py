@@ -168,6 +168,10 @@ class LlguidanceGrammar:
     def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
         return LlgState(self.template.deep_copy(), self.backend.tokenizer, self.backend.eos_token_ids)
 
+    def completes(self, state: GrammarState, token_ids: Sequence[int]) -> bool:
+        """One llguidance call that changes nothing (:meth:`LlgState.completes`)."""
+        return cast(LlgState, state).completes(token_ids)
+
 
 class LlguidanceBackend:
     """llguidance for one tokenizer: compiles grammars (about a millisecond), fills many masks at once.

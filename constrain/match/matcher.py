@@ -19,7 +19,6 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from constrain.backends.base import CompiledGrammar, GrammarState
-from constrain.backends.llguidance import LlgState
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.constraint import Constraint
 from constrain.match.bitmask import allocate_token_bitmask, clear_bits, count_allowed, set_bits
@@ -318,9 +317,9 @@ class Matcher:
 
     def completes(self, token_ids: Sequence[int]) -> bool:
         """Whether ``token_ids`` take this matcher to a complete match, every check strict (no token taken
-        at a dead end: as a search's fork would). Does not change the state: the grammar engine takes
-        the tokens and rolls them back, and the key and value scanners read their text in one pass (the
-        cost of a closing path's check, per vetted token)."""
+        at a dead end: as a search's fork would). Does not change the state: the grammar engine checks the
+        path (:meth:`~constrain.backends.base.CompiledGrammar.completes`), and the key and value scanners
+        read its text in one pass (the cost of a closing path's check, per vetted token)."""
         if any(token in self._eos or token >= self.compiled.vocab_size for token in token_ids):
             probe = self.fork(search=True)  # EOS and padding ids: token by token
             return probe.accept_tokens(token_ids) == len(token_ids) and probe.is_completed()
@@ -335,16 +334,7 @@ class Matcher:
                 values = self._values.state.advance_bytes(data)
                 if values is None or not values.can_end():
                     return False
-        if isinstance(self._grammar_state, LlgState):  # one call that changes nothing
-            return self._grammar_state.completes(token_ids)
-        taken = 0
-        for token in token_ids:
-            if not self._grammar_state.accept_token(token):
-                break
-            taken += 1
-        done = taken == len(token_ids) and bool(self._grammar_state.is_completed())
-        self._grammar_state.rollback(taken)
-        return done
+        return self.compiled.grammar.completes(self._grammar_state, token_ids)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""

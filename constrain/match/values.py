@@ -341,7 +341,7 @@ class ValueState:
         if ids is not None and len(ids):
             at = ids.searchsorted(allowed).clip(max=len(ids) - 1)  # [k]
             refusable = ids[at] == allowed
-        eos = [t for t in eos_token_ids if not self.can_end()]
+        eos = [] if self.can_end() else list(eos_token_ids)  # EOS is refusable where the output cannot end
         if eos:
             refusable |= np.isin(allowed, eos)
         free, checked = allowed[~refusable].tolist(), allowed[refusable].tolist()
