@@ -103,7 +103,7 @@ class LlgState:
         """Whether ``token_ids`` (no EOS among them) are all accepted and leave a complete match. Does not
         change the state: llguidance's ``validate_tokens`` with an EOS after them (taken only where the
         match is complete), one call where taking the tokens and rolling them back costs about 12x more
-        (a 13-token closing path: 6 against 72 µs)."""
+        (a 13-token closing path: 6 against 72 µs on an Intel Xeon, family 6 model 207)."""
         if self.is_terminated() or not self._eos:
             return False
         eos = min(self._eos)
