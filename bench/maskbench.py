@@ -30,7 +30,11 @@ freezes its heap out of Python's cyclic collector (``gc.freeze()``), as ``constr
 full collection of the torch and transformers objects otherwise pauses one token every few thousand
 for 0.2-0.3 s, whichever engine's token it is. TTFM is compile
 plus the first mask, TBM the time of each later token (its mask, the check that the token is
-allowed, and its commit), in µs.
+allowed, and its commit), in µs. An engine's compile is what a request waits for before its first
+mask: llguidance's includes building its ``LLMatcher``, where it compiles the grammar (until
+2026-11-27 this bench built it per instance, outside the timing, and left llguidance's TTFM
+25-90 ms short on the largest schemas); each instance then copies a compiled template, as
+constrain's llguidance backend does.
 
 Usage: ``python bench/maskbench.py [--sample N] [--timeout S] [--engines constrain,xgrammar,llguidance]
 [--json PATH]``
@@ -106,11 +110,11 @@ class Adapter:
             return self.compiler.compile_json_schema(text)
         import llguidance
 
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
-        if is_error:
-            raise ValueError("; ".join(messages))
-        return grammar
+        # its matcher is where llguidance builds the grammar (what a request waits for); each instance copies it
+        template = llguidance.LLMatcher(self.lltok, llguidance.LLMatcher.grammar_from_json_schema(text))
+        if template.is_error():
+            raise ValueError(template.get_error())
+        return template
 
     def _constraint(self, schema: Any) -> Any:
         import constrain
@@ -126,9 +130,7 @@ class Adapter:
             import xgrammar as xgr
 
             return xgr.GrammarMatcher(compiled)
-        import llguidance
-
-        return llguidance.LLMatcher(self.lltok, compiled)
+        return compiled.deep_copy()
 
     def fill(self, matcher: Any) -> None:
         if self.engine == "constrain-sampled":

@@ -30,7 +30,7 @@ import torch
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
 from constrain.jsonscan import IN_KEY, IN_STRING, KEY_ESCAPE, START, JsonScan, JsonSyntaxError
-from constrain.match.bitmask import allowed_among, clear_bits
+from constrain.match.bitmask import allowed_among, clear_bits, count_allowed
 from constrain.match.vocab import KeyVocab, key_vocab
 
 __all__ = ["KeyState", "may_repeat_keys"]
@@ -113,6 +113,19 @@ class KeyState:
         if scan is self.scan and keys.stack is self.stack:
             return self
         return KeyState(self.vocab, scan, keys.stack)
+
+    def most_forbidden(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+    ) -> int:
+        """An upper bound on how many tokens :meth:`forbid_duplicates` would clear from ``row``, found
+        without scanning a token outside keys."""
+        if not any(frame for frame in self.stack):
+            return 0
+        if self.scan.mode in (IN_KEY, KEY_ESCAPE):
+            return count_allowed(row)
+        return len(allowed_among(row, self.vocab.multi_quote[self.scan.mode == IN_STRING]))
 
     def forbid_duplicates(
         self,

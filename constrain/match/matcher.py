@@ -25,7 +25,7 @@ from constrain.match.bitmask import allocate_token_bitmask, clear_bits, count_al
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.embedded import CallValues
 from constrain.match.keys import KeyState
-from constrain.match.values import DEAD_END, VIABLE, ValueState
+from constrain.match.values import DEAD_END, LOOKAHEAD_TOKENS, VIABLE, ValueState
 from constrain.match.vocab import token_texts
 
 __all__ = ["Compiled", "Matcher", "fill_next_token_bitmasks"]
@@ -128,6 +128,7 @@ class Matcher:
         self._eos = compiled.tokenizer.eos_token_ids
         self._special = token_texts(compiled.tokenizer).special.difference(self._eos)  # never output text
         self.searching = False  # a search's fork: no look-ahead, and nothing allowed at a dead end (see the class)
+        self._filled: torch.Tensor | None = None  # the last bitmask filled (checked to be on the CPU, int32)
 
     def fill_next_token_bitmask(
         self,
@@ -144,8 +145,10 @@ class Matcher:
         Returns whether the row restricts anything (False: every token is allowed and the sampler may
         skip it). Does not change the matcher state.
         """
-        if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
-            raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
+        if bitmask is not self._filled:  # a tensor's device and dtype cost microseconds to read: once per tensor
+            if bitmask.device.type != "cpu" or bitmask.dtype != torch.int32:
+                raise ValueError("fill the bitmask on the CPU as int32 (allocate_token_bitmask), then move it")
+            self._filled = bitmask
         if self.is_terminated():
             _eos_only(bitmask[index], self._eos)
             return True
@@ -222,9 +225,10 @@ class Matcher:
         if self._values is None:
             return True
 
-        def allowed() -> int:  # what the row allows once the key guard has run
-            if keys is None:
-                return count_allowed(row)
+        def allowed() -> int:  # what the row allows once the key guard has run (exact up to LOOKAHEAD_TOKENS)
+            count = count_allowed(row)
+            if keys is None or count <= LOOKAHEAD_TOKENS or count - keys.state.most_forbidden(row) > LOOKAHEAD_TOKENS:
+                return count  # (a bound, on the same side of LOOKAHEAD_TOKENS as the guarded count)
             guarded = row.clone()  # [ceil(V / 32)] int32
             keys.state.forbid_duplicates(guarded)
             return count_allowed(guarded)
@@ -420,6 +424,7 @@ class Matcher:
         twin._eos = self._eos
         twin._special = self._special
         twin.searching = self.searching if search is None else search
+        twin._filled = self._filled
         return twin
 
 

@@ -180,7 +180,8 @@ class ValueState:
     vocab: ValueVocab
     scan: JsonScan = START  # its text: as written, but inside a string nothing checks (see ``advance_value``)
     stack: tuple[_Frame, ...] = ()  # per open container, as ``scan.open``
-    # this state's own (one entry, "candidates"): it goes with the state, so it needs no bound
+    # one entry, "candidates" (a function of the stack and the scan's mode): shared by the states after this
+    # one while they keep both, so it needs no bound
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -220,6 +221,8 @@ class ValueState:
             and not self.checks.number_viable(_location(self.checks, values.stack), scan.text)
         ):
             return None, 0  # a number no digit can make valid (multipleOf): refused as it is written
+        if values.stack is self.stack and scan.mode == self.scan.mode:  # the same candidates: share them
+            return ValueState(self.checks, self.vocab, scan, values.stack, self._memo), read
         return ValueState(self.checks, self.vocab, scan, values.stack), read
 
     def can_end(self) -> bool:
@@ -385,11 +388,12 @@ class ValueState:
     ) -> bool:
         """Whether :meth:`forbid_violations` clears ``token`` from this step's row, at a step where some
         token is left (not headed for a dead end): the check of one token, what a sampled token costs.
-        ``allowed()``: how many tokens the row allows (asked only where look-ahead may apply)."""
+        ``allowed()``: how many tokens the row allows (asked only where look-ahead may apply), or any count
+        on the same side of :data:`LOOKAHEAD_TOKENS`."""
         ids, here = self._candidates()
         if ids is None and self.scan.mode != SCALAR:
             return False
-        if ids is not None and _holds(ids, token) and self._violations([token]):
+        if ids is not None and self.vocab.holds(ids, token) and self._violations([token]):
             return True
         if token in eos_token_ids and not self.can_end():
             return True
@@ -462,15 +466,6 @@ class ValueState:
             for token in allowed.tolist()
             if token < len(texts) and token not in banned and texts[token] and not viable(token)
         ]
-
-
-def _holds(
-    # [n] int64, ascending
-    ids: np.ndarray,
-    token: int,
-) -> bool:
-    at = int(ids.searchsorted(token))
-    return at < len(ids) and int(ids[at]) == token
 
 
 class _Completions:

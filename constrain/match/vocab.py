@@ -18,7 +18,7 @@ import hashlib
 import os
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -252,6 +252,28 @@ class ValueVocab:
     numeric: np.ndarray  # [n] int64: a '-', '.' or digit first, after any whitespace (start or extend a number)
     spaced_numeric: np.ndarray  # [sn] int64: ``spaced`` or ``numeric`` (in a number under check)
     value_end_numeric: np.ndarray  # [en] int64: ``value_end`` or ``numeric`` (where a number under check may start)
+    # per id(table) of the tables above, ``[V]`` bytes of 0 or 1: whether the table holds a token, in O(1)
+    members: dict[int, bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        members = {}
+        for ids in (getattr(self, entry.name) for entry in fields(self) if entry.init):
+            if not isinstance(ids, np.ndarray):
+                continue
+            table = np.zeros(len(self.texts), dtype=np.uint8)  # [V]
+            table[ids] = 1
+            members[id(ids)] = table.tobytes()
+        object.__setattr__(self, "members", members)
+
+    def holds(
+        self,
+        # [n] int64: one of this vocabulary's tables
+        ids: np.ndarray,
+        token: int,
+    ) -> bool:
+        """Whether ``ids`` (a table of this vocabulary) holds ``token``."""
+        table = self.members[id(ids)]
+        return token < len(table) and table[token] == 1
 
 
 @bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT)

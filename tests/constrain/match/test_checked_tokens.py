@@ -15,7 +15,8 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import constrain
-from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
+from constrain.match.bitmask import allocate_token_bitmask, allowed_ids, count_allowed
+from constrain.match.keys import KeyState
 from constrain.match.values import VIABLE, ValueState
 from constrain.match.vocab import ValueVocab
 from constrain.testing import token_ids
@@ -118,6 +119,57 @@ def test_the_look_aheads_short_answer_is_forbid_violations_verdict(smol_tokenize
 
     with mock.patch.object(ValueState, "leaves_viable", both):
         _compare_along_a_walk(smol_tokenizer, schema, walk_seed, steps=25)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=25)
+@seed(37)
+@given(schema=SCHEMAS, walk_seed=st.integers(0, 2**16))
+def test_shared_candidates_and_the_guards_bound_hold_along_walks(smol_tokenizer, schema, walk_seed):
+    """A state after a token shares its predecessor's candidates where its stack and scan mode are the
+    same: along walks, every state's candidates equal those a fresh state works out; and the key guard's
+    bound on what it clears (which lets ``allows`` skip the guard's count) is never below what it clears."""
+    states, bounds = [], []
+    advance, forbid = ValueState.advance_value, KeyState.forbid_duplicates
+
+    def advance_and_compare(state, *args, **kwargs):
+        after, read = advance(state, *args, **kwargs)
+        if after is not None and after.vocab is not None:  # (a completion's probe reads bytes only)
+            fresh = ValueState(after.checks, after.vocab, after.scan, after.stack)
+            got, expected = after._candidates(), fresh._candidates()
+            assert got[1] == expected[1] and (got[0] is expected[0]), (schema, after.scan)
+            states.append(after._memo is state._memo)
+        return after, read
+
+    def forbid_and_bound(state, row):
+        bound, before = state.most_forbidden(row), count_allowed(row)
+        forbid(state, row)
+        assert before - count_allowed(row) <= bound, (schema, state.scan)
+        bounds.append(bound)
+
+    with (
+        mock.patch.object(ValueState, "advance_value", advance_and_compare),
+        mock.patch.object(KeyState, "forbid_duplicates", forbid_and_bound),
+    ):
+        _compare_along_a_walk(smol_tokenizer, schema, walk_seed, steps=25)
+
+
+def test_candidates_are_shared_and_compared(smol_tokenizer):
+    """On a fixed schema, some states share their predecessor's candidates and some do not, and the key
+    guard's bound is asked: the test above is not vacuous."""
+    shared = []
+    advance = ValueState.advance_value
+
+    def record(state, *args, **kwargs):
+        after, read = advance(state, *args, **kwargs)
+        if after is not None:
+            shared.append(after._memo is state._memo)
+        return after, read
+
+    schema = {"type": "object", "properties": {"ab": {"type": "string", "format": "date"}, "c": {"multipleOf": 0.5}}}
+    with mock.patch.object(ValueState, "advance_value", record):
+        for walk_seed in range(3):
+            _compare_along_a_walk(smol_tokenizer, schema, walk_seed, steps=25)
+    assert True in shared and False in shared
 
 
 def test_the_look_aheads_short_answer_is_compared_both_ways(smol_tokenizer, monkeypatch):

@@ -3,6 +3,8 @@ the token texts' file, read back exactly and skipped where it cannot be written.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,11 @@ def test_the_vectorized_tables_equal_a_token_by_token_reading(tokenizer, request
     values = vocab.value_vocab(info)
     for name in ("quote", "closer", "value_end", "spaced", "numeric"):
         assert getattr(values, name).tolist() == expected[name], name
+    for entry in dataclasses.fields(values):  # the O(1) membership tables hold exactly their table's ids
+        table = getattr(values, entry.name)
+        if isinstance(table, np.ndarray):
+            held = [token for token in range(info.vocab_size + 64) if values.holds(table, token)]
+            assert held == table.tolist(), entry.name
     keys = vocab.key_vocab(info)
     assert keys.sorted_ids == expected["sorted_ids"]
     assert keys.multi_quote[0].tolist() == expected["two_quotes"]
