@@ -69,6 +69,9 @@ ENFORCED = frozenset(
 )  # fmt: skip
 """Keywords the engine enforces (after the rewrites of :mod:`~constrain.constraints.schema_rewrites`)."""
 
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+"""Beside any of these, xgrammar 0.2.8 writes an integer's range and drops its ``multipleOf``."""
+
 CHECKED = frozenset(
     {
         "uniqueItems", "not", "contains", "minContains", "maxContains", "dependentRequired",
@@ -382,7 +385,10 @@ class _Preparer:
     def _multiple_of(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
         if node.get("type") == "integer" and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             out[key] = value
-            self.mark(at, key, "enforced")
+            if any(bound in node for bound in _NUMBER_BOUNDS):
+                self.mark(at, key, "checked", "xgrammar drops multipleOf beside a bound: checked as it is written")
+            else:
+                self.mark(at, key, "enforced")
         else:
             self.mark(at, key, "checked", "multipleOf on non-integers is validated afterwards")
 

@@ -257,9 +257,12 @@ class Matcher:
             return False
         forced = str(probe._grammar_state.find_jump_forward_string()).encode()
         assert probe._values is not None
-        state = probe._values.state.advance_bytes(forced) if forced else probe._values.state
-        if state is None or depth <= 1 or probe._grammar_state.is_terminated():
-            return state is not None
+        state = probe._values.state
+        if forced and state.advance_bytes(forced) is None:
+            return False
+        if depth <= 1 or probe._grammar_state.is_terminated():
+            return True
+        # the next step from where the probe stands, forced text not taken: its row and its state go together
         row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
         probe._grammar_state.fill_next_token_bitmask(row.unsqueeze(0), 0)
         return state.leaves_viable(row, self._eos, lambda token: probe._viable(token, depth - 1))

@@ -128,15 +128,22 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
     assert accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 512 + '"}')
     assert not accepts(compiled, smol_tokenizer, '{"bio": "' + "ab" * 513 + '"}')
     # each limit of AutoLimits on its own: a bounded pattern (107 ms in xgrammar), an open object's
-    # "any key but these" trie of 12+ rules (3 keys: 14 rules, about 60 ms; from 4 keys on, xgrammar's
-    # extra keys are any string), a schema too large to build xgrammar's grammar for
+    # "any key but these" trie of 6+ rules (3 keys: 14 rules; one key of 9 letters: 11 rules, 90 to 110
+    # ms; from 4 keys on, xgrammar's extra keys are any string), a schema too large to build xgrammar's
+    # grammar for
     keys = {k: {"type": "integer"} for k in ("name", "age", "email")}
     for schema in (
         {"type": "string", "pattern": "^[A-Za-z0-9 ]{1,32}$"},
         {"type": "object", "properties": keys},
+        {"type": "object", "properties": {"increment": {"type": "integer"}}},
         {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(400)}},
     ):
         assert constrain.compile(spec(schema), smol_tokenizer).engine == "llguidance", schema
+    short = spec({"type": "object", "properties": {"age": {"type": "integer"}}})  # 4 rules
+    assert constrain.compile(short, smol_tokenizer).engine == "xgrammar"
+    increment = spec({"type": "object", "properties": {"increment": {"type": "integer"}}})
+    loose = constrain.AutoLimits(excluded_keys=12)
+    assert constrain.compile(increment, smol_tokenizer, auto_limits=loose).engine == "xgrammar"
     # a repetition bound over 128, which xgrammar cannot compile at all
     wide = constrain.compile(constrain.regex("[a-z]{1,129}"), smol_tokenizer)
     assert wide.engine == "llguidance" and accepts(wide, smol_tokenizer, "a" * 129)
@@ -189,6 +196,20 @@ def test_patterns_are_anchored_on_both_engines(smol_tokenizer, engine):
     compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
     assert accepts(compiled, smol_tokenizer, '{"a": "00ff", "b": "yxy"}')
     for bad in ('{"a": "z00ff"}', '{"a": "00ffz"}', '{"a": "00f"}', '{"b": "yy"}'):
+        assert not accepts(compiled, smol_tokenizer, bad), bad
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("bound", [{}, {"minimum": 0}, {"maximum": 1000}, {"exclusiveMinimum": -1}])
+def test_an_integers_multiple_of_holds_beside_a_bound_on_both_engines(smol_tokenizer, engine, bound):
+    """xgrammar 0.2.8 writes an integer's range and drops its ``multipleOf`` beside a bound: under
+    ``minimum: 0`` and ``multipleOf: 12``, its mask let ``{"length": 25}`` through (MaskBench's
+    ``Github_trivial---o83695.json``). There the value checks hold it, as the number is written."""
+    schema = {"type": "object", "properties": {"length": {"type": "integer", "multipleOf": 12, **bound}}}
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
+    for good in ('{"length": 24}', '{"length": 0}', '{"length": 996}'):
+        assert accepts(compiled, smol_tokenizer, good), good
+    for bad in ('{"length": 25}', '{"length": 1}', '{"length": 250}'):
         assert not accepts(compiled, smol_tokenizer, bad), bad
 
 
