@@ -368,7 +368,10 @@ class _Preparer:
             self.mark(at, key, "checked", "the regex uses features the engine lacks")
             return
         out[key] = search
-        self.mark(at, key, "enforced", "search semantics: unanchored ends match anything")
+        if node.get("format") in ENGINE_FORMATS:
+            self.mark(at, key, "checked", "xgrammar drops a pattern beside a format: checked as the string completes")
+        else:
+            self.mark(at, key, "enforced", "search semantics: unanchored ends match anything")
 
     def _format(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
         status = format_status(value) if isinstance(value, str) else "ignored"

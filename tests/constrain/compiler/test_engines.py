@@ -200,6 +200,29 @@ def test_patterns_are_anchored_on_both_engines(smol_tokenizer, engine):
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_pattern_holds_beside_a_format_on_both_engines(smol_tokenizer, engine):
+    """xgrammar 0.2.8 writes a string's format and drops its ``pattern`` beside it: ``"ftp://invalid.com"``
+    went through its mask under ``format: uri`` and ``pattern: ^(wss?|wss?\\+unix)://`` (MaskBench's
+    ``Github_medium---o70464.json``). There the value checks hold the pattern, as the string completes; where
+    the format leaves no way to a match (a date under ``^2`` that began with ``1``), the value is a dead end,
+    taken and reported (``Matcher.dead_ends``), never passed silently."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "url": {"type": "string", "format": "uri", "pattern": "^wss?://"},
+            "day": {"type": "string", "format": "date", "pattern": "^2"},
+        },
+    }
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine=engine)
+    for good in ('{"url": "ws://a.b"}', '{"url": "wss://a.b/c"}', '{"day": "2020-01-01"}'):
+        assert accepts(compiled, smol_tokenizer, good), good
+    for bad in ('{"url": "ftp://a.b"}', '{"url": "ws://a b"}', '{"day": "2020-13-45"}'):
+        assert not accepts(compiled, smol_tokenizer, bad), bad
+    taken, matcher = walk(compiled, token_ids(smol_tokenizer, '{"day": "1999-01-01"}'))
+    assert not taken or matcher.dead_ends
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 @pytest.mark.parametrize("bound", [{}, {"minimum": 0}, {"maximum": 1000}, {"exclusiveMinimum": -1}])
 def test_an_integers_multiple_of_holds_beside_a_bound_on_both_engines(smol_tokenizer, engine, bound):
     """xgrammar 0.2.8 writes an integer's range and drops its ``multipleOf`` beside a bound: under
