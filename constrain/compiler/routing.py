@@ -42,10 +42,10 @@ class AutoLimits:
     excluded_keys: int = 6
     """Rules of the "any key but the declared ones" tries of open objects (one rule per prefix of a declared
     key, and one for the whitespace after it: a single key ``increment`` makes 11, which cost xgrammar 90 to
-    110 ms). Lowered from 12 on 2026-11-27: over the whole dev set, 213 (schema, mode) pairs moved to
-    llguidance; their TTFM fell from 12.98 s to 0.55 s in all, and they passed alike but for two
-    (specification mode: one more passing, where xgrammar's mask let an invalid instance through;
-    generation mode: one fewer, a valid instance in another key order)."""
+    110 ms). Lowered from 12 on 2026-11-27 (Intel Xeon family 6 model 207, 2 cores): over the whole dev
+    set, 213 (schema, mode) pairs moved to llguidance; their TTFM fell from 12.98 s to 0.55 s in all, and
+    they passed alike but for two (specification mode: one more passing, where xgrammar's mask let an
+    invalid instance through; generation mode: one fewer, a valid instance in another key order)."""
 
 
 AUTO_LIMITS = AutoLimits()
