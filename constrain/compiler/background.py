@@ -18,6 +18,8 @@ little, and it would throw away the grammar that a retry would find cached.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +30,10 @@ from typing import TypeVar
 from constrain import caches
 from constrain.errors import CompileError
 
-__all__ = ["MAX_RUNAWAY_COMPILES", "RunawayCompiles", "in_background", "runaway_compiles"]
+__all__ = [
+    "MAX_RUNAWAY_COMPILES", "MAX_UPGRADES", "RunawayCompiles", "at_low_priority", "in_background", "runaway_compiles",
+    "upgrades",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -122,12 +127,33 @@ class RunawayCompiles:
 runaway_compiles = RunawayCompiles(MAX_RUNAWAY_COMPILES)
 """The process's compiles with a time budget (:func:`in_background`)."""
 
+MAX_UPGRADES = 2
+"""xgrammar compiles past :attr:`~constrain.compiler.routing.AutoLimits.xgrammar_wait_s` that may still
+run at once, while llguidance serves their constraints; at the bound, no more are started."""
+
+upgrades = RunawayCompiles(MAX_UPGRADES)
+"""The process's xgrammar compiles that ``engine="auto"`` waits for a while (its runaways: those past it)."""
+
+
+def at_low_priority(work: Callable[[], T]) -> Callable[[], T]:
+    """``work`` to be run on a thread of its own at the lowest CPU priority (on Linux: that thread's nice
+    value 19, which the engine's compile threads it starts inherit), so that it takes what the requests
+    being served leave. Elsewhere, ``work`` as it is."""
+
+    def run() -> T:
+        with contextlib.suppress(AttributeError, OSError):  # no per-thread priority here
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        return work()
+
+    return run
+
 
 def _figures() -> dict[str, int]:
     return runaway_compiles.stats()  # whichever instance is the process's now (tests swap it)
 
 
 caches.register("compile.runaway", _figures)
+caches.register("compile.upgrades", upgrades.stats)
 
 
 def in_background(work: Callable[[], T], timeout_s: float) -> T:

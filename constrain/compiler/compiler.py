@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from constrain.backends import xgrammar
 from constrain.backends.base import CompiledGrammar
 from constrain.backends.llguidance import json_schema_grammar, regex_grammar
 from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.compiler.background import in_background
+from constrain.compiler.background import at_low_priority, in_background, upgrades
 from constrain.compiler.cache import ByteLRU
 from constrain.compiler.json_schema import (
     embedded_checks,
@@ -172,7 +173,7 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
         engine_schema, text = None, regex_grammar(constraint.pattern)
     else:
         engine_schema, coverage = prepared(constraint)
-        engine_schema, refused = llguidance_schema(engine_schema)
+        engine_schema, refused = llguidance_schema(engine_schema, any_order=constraint.property_order == "any")
         coverage += refused
         text = json_schema_grammar(
             json.dumps(engine_schema),
@@ -230,8 +231,10 @@ def compile(
     engine : "auto", "xgrammar" or "llguidance", default: "auto"
         The grammar engine. ``"auto"``: xgrammar (fastest masks), except for JSON
         schemas and regexes it would take long to compile (:class:`AutoLimits`),
-        which llguidance serves where it supports them. Both enforce the same
-        language, except that llguidance takes properties in the schema's order only.
+        which llguidance serves where it supports them; and while xgrammar's compile of
+        one takes longer than ``auto_limits.xgrammar_wait_s``, llguidance serves it
+        meanwhile. Both enforce the same language but for the differences the schemas
+        guide lists.
     auto_limits : AutoLimits, default: AUTO_LIMITS
         When ``"auto"`` picks llguidance (:class:`~constrain.compiler.routing.AutoLimits`).
 
@@ -244,9 +247,13 @@ def compile(
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    start = time.monotonic()
     info = tokenizer_info(tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
+    wait_s = None  # how long xgrammar is waited for before llguidance serves the constraint meanwhile
     if engine == "auto":  # "auto" served by llguidance keeps its own key: it falls back to xgrammar
         routed = info.llg is not None and auto_engine(constraint, auto_limits) == "llguidance"
+        if info.llg is not None and not routed and isinstance(constraint, (JsonSchema, Regex)):
+            wait_s = auto_limits.xgrammar_wait_s
         engine = "auto" if routed else "xgrammar"
     key = (constraint, info.fingerprint, engine)
     build = _BUILDERS[engine]
@@ -254,9 +261,24 @@ def compile(
     def work() -> CompiledConstraint:
         return _cache.get_or_create(key, lambda: build(constraint, info))
 
-    cached = None if timeout_s is None else _cache.get(key)  # a hit needs no thread, and no room under the bound
+    cached = None if timeout_s is None and wait_s is None else _cache.get(key)  # a hit needs no thread
     if cached is not None:
         return _own_type(cached, constraint)
+    if wait_s is not None:
+        wait_s = max(0.0, start + wait_s - time.monotonic())
+        try:
+            wait_s = wait_s if timeout_s is None else min(wait_s, timeout_s)
+            return _own_type(upgrades.run(at_low_priority(work), wait_s), constraint)
+        except CompileError:  # past the wait (it goes on, to the cache), too many going on, or xgrammar failed
+            pass
+        try:
+            meanwhile = _cache.get_or_create(
+                (constraint, info.fingerprint, "llguidance"), lambda: _build_llguidance(constraint, info)
+            )
+            return _own_type(meanwhile, constraint)
+        except CompileError:  # llguidance refuses it: xgrammar after all
+            if timeout_s is not None:
+                timeout_s = max(0.0, start + timeout_s - time.monotonic())
     return _own_type(work() if timeout_s is None else in_background(work, timeout_s), constraint)
 
 

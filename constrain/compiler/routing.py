@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from constrain.backends.xgrammar import excluded_key_rules
 from constrain.caches import bounded
 from constrain.compiler.json_schema import json_schema_ebnf, prepared
 from constrain.constraints.constraint import Constraint, JsonSchema, Regex
 
-__all__ = ["AUTO_LIMITS", "ENGINES", "AutoLimits", "auto_engine"]
+__all__ = ["AUTO_LIMITS", "ENGINES", "AutoLimits", "auto_engine", "default_xgrammar_wait"]
 
 ENGINES = ("auto", "xgrammar", "llguidance")
 """What ``compile(engine=...)`` takes."""
+
+
+def default_xgrammar_wait() -> float | None:
+    """0.05 s where this process may run on 4 CPUs or more; None (no background compile) on fewer.
+
+    On 2 cores a background compile slows everything else the process does: measured on MaskBench's
+    400-schema sample (Intel Xeon family 6 model 207, 2 cores, 2026-11-27), a schema prepared while the
+    previous one's compile went on took 1.3 to 1.7 times its CPU time alone, even at the lowest priority
+    (both cores shared), and the time to first mask at p99 went from 103 to 104 ms (20 ms wait) and 117 ms
+    (50 ms), with a drawn token's check at p99 from 616 to about 1,000 µs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 0.05 if cores >= 4 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +41,8 @@ class AutoLimits:
     llguidance, and 13 of the rest took xgrammar over 45 ms to compile (73 with the previous rule:
     450 rules or repetitions adding up to 120); ``excluded_keys`` was lowered since (see there).
     Pass other limits as ``compile(..., auto_limits=)``.
+
+    Where no limit is reached, xgrammar still may take long: ``xgrammar_wait_s`` bounds the wait.
     """
 
     schema_chars: int = 10_000
@@ -46,6 +61,20 @@ class AutoLimits:
     set, 213 (schema, mode) pairs moved to llguidance; their TTFM fell from 12.98 s to 0.55 s in all, and
     they passed alike but for two (specification mode: one more passing, where xgrammar's mask let an
     invalid instance through; generation mode: one fewer, a valid instance in another key order)."""
+    xgrammar_wait_s: float | None = field(default_factory=default_xgrammar_wait)
+    """Seconds, counted from the ``compile`` call, that a JSON schema or regex routed to xgrammar is waited
+    for. Past them, the compile returns the constraint served by llguidance, which compiles in a few
+    milliseconds, and xgrammar's compile goes on in the background, at the lowest CPU priority: once it
+    ends, ``compile`` returns xgrammar's for the same constraint (a matcher keeps the engine it was made
+    with). The two engines enforce the same language but for the differences listed in the schemas guide,
+    so which one serves a request then depends on timing. At most
+    :data:`~constrain.compiler.background.MAX_UPGRADES` such compiles run at once; past that, llguidance
+    serves the constraint and xgrammar is not started. None: wait for xgrammar, however long it takes (a
+    fixed engine per constraint). Default: :func:`default_xgrammar_wait`."""
+
+    def __post_init__(self) -> None:
+        if self.xgrammar_wait_s is not None and not self.xgrammar_wait_s >= 0:
+            raise ValueError(f"xgrammar_wait_s must be None or seconds >= 0, got {self.xgrammar_wait_s!r}")
 
 
 AUTO_LIMITS = AutoLimits()

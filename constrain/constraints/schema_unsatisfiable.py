@@ -98,6 +98,11 @@ _TOGETHER = ("contains", "minContains", "maxContains")
 means nothing beside another branch's ``contains`` (a merge may have put them side by side)."""
 
 
+_INERT = ANNOTATIONS | {"type", "properties", "items", "additionalProperties", "$ref", "$defs", "definitions"}
+"""Keywords that rule out no value beside one another, where none of their subschemas was proven to admit
+none (the most common nodes of large schemas: ``{"type": "string", "description": ...}``)."""
+
+
 def contradiction(
     node: dict[str, Any],
     pointer: str,
@@ -118,7 +123,7 @@ def contradiction(
     :func:`draft_of` the root. Returns the refusal unraised. Changes nothing.
     """
     known = vocabulary(draft)
-    if not known:
+    if not known or (not dead and node.keys() <= _INERT):
         return None
     if written is not None and written is not node:
         node = {k: v for k, v in node.items() if k not in _TOGETHER} | {

@@ -154,14 +154,16 @@ class KeyState:
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:
     """Whether a grammar for the prepared ``schema`` may admit an object with a key twice: some object
-    is open (undeclared keys allowed), or its keys may come in any order (an any-order grammar of one
-    declared key admits it twice: ``{"price": 6, "price": 3.75}``)."""
+    is open (undeclared keys allowed), has ``patternProperties`` (a key matching one may come again), or
+    its keys may come in any order (an any-order grammar of one declared key admits it twice:
+    ``{"price": 6, "price": 3.75}``)."""
     if not isinstance(schema, dict):
         return schema is True
     types = schema.get("type")
     untyped = types is None and not any(k in schema for k in ("$ref", "anyOf", "allOf", "oneOf", "enum", "const"))
     if types == "object" or (isinstance(types, list) and "object" in types) or untyped:
-        if schema.get("additionalProperties") is not False or (any_order and schema.get("properties")):
+        repeatable = schema.get("patternProperties") or (any_order and schema.get("properties"))
+        if schema.get("additionalProperties") is not False or repeatable:
             return True
     subschemas = [
         *(sub for key in SCHEMA_MAPS if isinstance(schema.get(key), dict) for sub in schema[key].values()),

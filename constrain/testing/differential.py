@@ -155,7 +155,7 @@ def _classify(t: ComparedText, verdicts: Verdicts, accepting: str, prepared: Any
     afterwards (``<engine> grammar superset: <keyword>``);
     else, along the path to where the rejecting engine stopped (and inside a value it refused), ``anyOf``
     beside other keywords, a required key ``properties`` does not declare, a property named like an
-    annotation (xgrammar), an escape the rejecting engine refused inside a string; else, when the accepting
+    annotation (xgrammar), an escape the rejecting engine refused inside a string or a key; else, when the accepting
     engine's ``validate`` flags the text, the keyword it reports (``<engine> accepts a violation of
     <keyword>``); else what the schema says where the rejecting engine stopped (:func:`_located_cause`)."""
     compiled = verdicts.compiled
@@ -192,8 +192,8 @@ def _classify(t: ComparedText, verdicts: Verdicts, accepting: str, prepared: Any
         return "required key not in properties", flagged
     if rejecting == "xgrammar" and any(_ANNOTATION_NAMES & set(c.get("properties") or ()) for c in along):
         return "property named like an annotation", flagged
-    if where == "string" and "\\" in verdicts.refused_token(t.text, rejecting):
-        return f"string: escape{_string_keywords(candidates)}", flagged
+    if where in ("string", "key") and "\\" in verdicts.refused_token(t.text, rejecting):
+        return (f"string: escape{_string_keywords(candidates)}" if where == "string" else "key: escape"), flagged
     if flagged:
         return f"{accepting} accepts a violation of {_violated(compiled[accepting].validate(t.text)[0])}", flagged
     return _located_cause(where, candidates), flagged

@@ -54,6 +54,9 @@ KNOWN_GENERATION: dict[str, str] = {
     "llguidance mask narrower than its grammar": "where the grammar forces bytes (the rest of an enum value, a "
     "key), llguidance's mask allows its own tokenization of them only; xgrammar's, every one",
     "number: bounds": "xgrammar's grammar for a number with bounds takes at most 6 fraction digits; llguidance any",
+    "key: escape": "xgrammar matches a key's pattern (patternProperties beside additionalProperties: false) against "
+    "the key as written, so a key with an escape (json.dumps writes a control character as \\u00XX) is refused; "
+    "llguidance takes it",
 }
 """Causes of generation-mode disagreements that are known approximations, with the reason."""
 
@@ -66,8 +69,8 @@ each has a minimal reproduction below (``REPORTED_EXAMPLES``, strict xfail)."""
 
 KNOWN_SPECIFICATION: dict[str, str] = {
     **KNOWN_GENERATION,
-    "key order": "llguidance takes declared properties in the schema's order only (compile()'s docstring); "
-    "xgrammar takes any order",
+    "key order": "llguidance takes declared properties in the schema's order where an object also has "
+    "patternProperties (constrain.compiler.json_schema.llguidance_schema); xgrammar takes any order",
     "xgrammar grammar superset: additionalProperties": "past OPEN_KEY_RULES_MAX, xgrammar's extra keys of an open "
     "object are any string, declared ones included, with any value; validate() flags the text",
     "xgrammar grammar superset: required": "xgrammar's any-order object can skip a required key beside optional "
@@ -211,7 +214,7 @@ def test_generation_mode_engines_agree_on_hand_written_schemas(hand_written_coun
     c = hand_written_counts["generation"]
     assert c.compiled == len(HAND_WRITTEN), c.refusals
     assert c.both_accept > 0 and c.both_reject > 0
-    assert c.disagreements == 0, _report(c, {}, {})
+    assert _unexplained(c, KNOWN_GENERATION, REPORTED_GENERATION) == 0, _report(c, KNOWN_GENERATION, {})
 
 
 def test_specification_mode_hand_written_disagreements_are_known(hand_written_counts):
@@ -295,6 +298,16 @@ DUPLICATE_KEY_TEXTS = [
     ),
     ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"k": 1, "k": 2}', '{"k": 1, "j": 2}'),
     ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, '{"xa": 1, "xa": 1}', '{"xa": 1, "xb": 1}'),
+    (
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+        '{"xa": 1, "xa": 1}',
+        '{"xa": 1, "xb": 1}',
+    ),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "additionalProperties": False},
+        '{"a": 1, "b": 1, "a": 2}',
+        '{"a": 1, "b": 1}',
+    ),
     ({"type": "array", "items": {"type": "object"}}, '[{"a": {}, "a": []}]', '[{"a": {}, "b": []}]'),
 ]
 """(schema, a text with a key written twice, the same text with distinct keys)."""
@@ -310,13 +323,30 @@ def test_both_engines_reject_a_key_written_twice(smol_tokenizer, schema, duplica
 
 
 def test_the_comparison_sees_a_disagreement(smol_tokenizer):
-    """The harness is not vacuous: llguidance's schema-order-only keys show up in specification mode."""
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
-    counts = run_differential("two keys", schema, [{"valid": True, "data": {"b": 1, "a": "x"}}], smol_tokenizer,
+    """The harness is not vacuous: xgrammar's fraction digits under bounds show up in both modes."""
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}}}
+    counts = run_differential("bounded number", schema, [{"valid": True, "data": {"x": 0.12345678}}], smol_tokenizer,
                               hypothesis_count=0)  # fmt: skip
-    spec = counts["specification"]
-    assert spec.causes["key order"]["xgrammar"] >= 1
-    assert counts["generation"].disagreements == 0
+    for mode in DIFFERENTIAL_MODES:
+        assert counts[mode].causes["number: bounds"]["llguidance"] >= 1, mode
+
+
+def test_both_engines_take_keys_in_any_order_in_specification_mode(smol_tokenizer):
+    """llguidance writes declared properties in the schema's order; given as patterns, in any order
+    (constrain.compiler.json_schema.llguidance_schema). Its required keys are checked at the object's end."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {}},
+              "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    counts = run_differential("three keys", schema, [{"valid": True, "data": {"b": 1, "a": "x"}}], smol_tokenizer,
+                              hypothesis_count=0)  # fmt: skip
+    assert "key order" not in counts["specification"].causes
+    spec = constrain.json_schema(schema, mode="specification")
+    compiled = constrain.compile(spec, smol_tokenizer, engine="llguidance")
+    assert accepts(compiled, smol_tokenizer, '{"b": 1, "c": null, "a": "x"}')
+    assert not accepts(compiled, smol_tokenizer, '{"b": 1, "c": null}')  # a required key missing
+    assert not accepts(compiled, smol_tokenizer, '{"b": "1", "a": "x"}')  # each key's own schema
+    assert not accepts(compiled, smol_tokenizer, '{"b": 1, "d": 1, "a": "x"}')  # no other key
+    entry = next(e for e in compiled.coverage if e.keyword == "required" and "any order" in e.note)
+    assert entry.status == "enforced" and "value boundaries" in entry.note
 
 
 def test_schema_ordered_follows_the_schema_through_refs_and_branches():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -118,10 +120,14 @@ def test_batched_fill_mixes_engines(smol_tokenizer):
     assert (batched[2] == -1).all()
 
 
+WAIT_FOR_XGRAMMAR = constrain.AutoLimits(xgrammar_wait_s=None)
+"""Routing alone, whatever the time xgrammar's compile takes on this machine."""
+
+
 def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_tokenizer):
     light = spec(PERSON)
     heavy = spec({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 1024}}})
-    assert constrain.compile(light, smol_tokenizer).engine == "xgrammar"
+    assert constrain.compile(light, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
     compiled = constrain.compile(heavy, smol_tokenizer)
     assert compiled.engine == "llguidance"
     assert constrain.compile(heavy, smol_tokenizer) is compiled  # deterministic, and cached
@@ -140,9 +146,9 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
     ):
         assert constrain.compile(spec(schema), smol_tokenizer).engine == "llguidance", schema
     short = spec({"type": "object", "properties": {"age": {"type": "integer"}}})  # 4 rules
-    assert constrain.compile(short, smol_tokenizer).engine == "xgrammar"
+    assert constrain.compile(short, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
     increment = spec({"type": "object", "properties": {"increment": {"type": "integer"}}})
-    loose = constrain.AutoLimits(excluded_keys=12)
+    loose = constrain.AutoLimits(excluded_keys=12, xgrammar_wait_s=None)
     assert constrain.compile(increment, smol_tokenizer, auto_limits=loose).engine == "xgrammar"
     # a repetition bound over 128, which xgrammar cannot compile at all
     wide = constrain.compile(constrain.regex("[a-z]{1,129}"), smol_tokenizer)
@@ -154,13 +160,39 @@ def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
     # llguidance calls the enum-against-pattern clash unsatisfiable; xgrammar takes the enum, and the
     # pattern is checked afterwards
     schema = {
-        "type": "object",
-        "properties": {"a": {"type": "string", "pattern": "^a$", "enum": ["b"]}, "bio": {"maxLength": 500}},
-        "required": ["a"],
+        "type": "array",
+        "prefixItems": [{"type": "string", "pattern": "^a$", "enum": ["b"]}, {"maxLength": 500}],
+        "minItems": 2,
     }
     with pytest.raises(constrain.CompileError, match="unsatisfiable"):
         constrain.compile(spec(schema), smol_tokenizer, engine="llguidance")
-    assert constrain.compile(spec(schema), smol_tokenizer).engine == "xgrammar"
+    assert constrain.compile(spec(schema), smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
+    # while xgrammar compiles, llguidance would serve it, but refuses: xgrammar is waited for
+    now = constrain.AutoLimits(xgrammar_wait_s=0)
+    assert constrain.compile(spec({**schema, "title": "now"}), smol_tokenizer, auto_limits=now).engine == "xgrammar"
+
+
+def test_auto_serves_with_llguidance_while_xgrammar_compiles(smol_tokenizer):
+    """Past ``xgrammar_wait_s``, llguidance serves the constraint and xgrammar's compile goes on; once it
+    lands in the cache, ``compile`` returns it. Both take keys in any order, and refuse the same texts."""
+    now = constrain.AutoLimits(xgrammar_wait_s=0)
+    schema = spec({**PERSON, "title": "served while xgrammar compiles"})
+    first = constrain.compile(schema, smol_tokenizer, auto_limits=now)
+    assert first.engine == "llguidance"
+    deadline = time.monotonic() + 60
+    while (later := constrain.compile(schema, smol_tokenizer, auto_limits=now)).engine != "xgrammar":
+        assert time.monotonic() < deadline, "xgrammar's compile never landed"
+        time.sleep(0.01)
+    assert constrain.compile(schema, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR) is later
+    texts = ['{"age": 7, "name": "Al"}', '{"name": "Al", "age": 7}', '{"name": "Al"}', '{"name": 7, "age": 7}']
+    for text in texts:
+        assert accepts(first, smol_tokenizer, text) == accepts(later, smol_tokenizer, text), text
+    assert constrain.cache_stats()["caches"]["compile.upgrades"]["misses"] >= 1
+
+
+def test_auto_limits_refuse_a_negative_wait():
+    with pytest.raises(ValueError, match="xgrammar_wait_s"):
+        constrain.AutoLimits(xgrammar_wait_s=-1)
 
 
 def test_llguidance_serves_what_it_refuses_as_a_superset(smol_tokenizer):
