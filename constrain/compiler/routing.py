@@ -21,11 +21,11 @@ ENGINES = ("auto", "xgrammar", "llguidance")
 def default_xgrammar_wait() -> float | None:
     """0.05 s where this process may run on 4 CPUs or more; None (no background compile) on fewer.
 
-    On 2 cores a background compile slows everything else the process does: measured on MaskBench's
-    400-schema sample (Intel Xeon family 6 model 207, 2 cores, 2026-11-27), a schema prepared while the
-    previous one's compile went on took 1.3 to 1.7 times its CPU time alone, even at the lowest priority
-    (both cores shared), and the time to first mask at p99 went from 103 to 104 ms (20 ms wait) and 117 ms
-    (50 ms), with a drawn token's check at p99 from 616 to about 1,000 µs."""
+    On 2 cores a background compile slows everything else the process does (Intel Xeon family 6 model
+    207, 2 cores, 2026-11-27): a large schema's preparation took 1.3 to 1.8 times its CPU time alone in 2
+    trials of 3 while one went on at the lowest priority, and on MaskBench's 400-schema sample, waits
+    of 20 and 50 ms brought the time to first mask at p99 no gain over none (104 and 117 ms, against 151
+    ms in a run as noisy) while a drawn token's check at p99 grew (1,058 and 1,001 µs, against 850)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return 0.05 if cores >= 4 else None
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import constrain
+from constrain.compiler import routing
 from constrain.testing import accepts, allowed_ids, token_ids, walk
 
 
@@ -188,6 +189,14 @@ def test_auto_serves_with_llguidance_while_xgrammar_compiles(smol_tokenizer):
     for text in texts:
         assert accepts(first, smol_tokenizer, text) == accepts(later, smol_tokenizer, text), text
     assert constrain.cache_stats()["caches"]["compile.upgrades"]["misses"] >= 1
+
+
+@pytest.mark.parametrize(("cores", "wait"), [(1, None), (2, None), (4, 0.05), (16, 0.05)])
+def test_the_wait_for_xgrammar_is_on_from_four_cores(monkeypatch, cores, wait):
+    """On fewer cores a compile in the background slows every request (constrain.compiler.routing)."""
+    monkeypatch.setattr(routing.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert routing.default_xgrammar_wait() == wait
+    assert constrain.AutoLimits().xgrammar_wait_s == wait
 
 
 def test_auto_limits_refuse_a_negative_wait():
