@@ -266,8 +266,9 @@ def compile(
         return _own_type(cached, constraint)
     if wait_s is not None:
         wait_s = max(0.0, start + wait_s - time.monotonic())
+        if timeout_s is not None:
+            wait_s = min(wait_s, timeout_s)
         try:
-            wait_s = wait_s if timeout_s is None else min(wait_s, timeout_s)
             return _own_type(upgrades.run(at_low_priority(work), wait_s), constraint)
         except CompileError:  # past the wait (it goes on, to the cache), too many going on, or xgrammar failed
             pass

@@ -413,10 +413,10 @@ class _Preparer:
         declared name nor pattern can match it. In generation mode each pattern's subschema goes with it, so
         that the model writes the value by it; in specification mode the engine takes any value there (the
         subschemas would grow the grammar past what ``engine="auto"`` leaves to xgrammar, and llguidance
-        takes an object's declared keys in the schema's order where it has patterns of its own). The values
-        stay checked: a key matching a pattern and a declared name must satisfy both. Else, where a pattern is one the
-        engine would misread or cannot serve, or two patterns may match one key (llguidance refuses those),
-        the keys are checked as they complete."""
+        takes an object's declared keys in the schema's order where it has patterns of its own). The
+        values stay checked: a key matching a pattern and a declared name must satisfy both. Else, where a
+        pattern is one the engine would misread or cannot serve, or two patterns may match one key
+        (llguidance refuses those), the keys are checked as they complete."""
         if not isinstance(value, dict):
             raise SchemaError("patternProperties must be an object", at)
         no_others = node.get("additionalProperties") is False
