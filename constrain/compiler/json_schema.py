@@ -7,6 +7,7 @@ All pure and memoized per constraint (bounded, see :mod:`constrain.caches`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -78,9 +79,10 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
 
     ``any_order``: llguidance writes ``properties`` in the schema's order only, but the keys of
     ``patternProperties`` in any order. An object's declared keys (two or more, where it has no
-    patterns of its own) are given as patterns matching exactly those names, one per distinct
-    subschema (at most :data:`MAX_KEY_PATTERNS`, else the object keeps the schema's order), and its
-    ``required`` goes to the value checks, as on xgrammar with properties in any order.
+    patterns of its own) are given as patterns matching exactly those names (escaped by
+    ``re.escape``, which llguidance reads alike), one per distinct subschema (at most
+    :data:`MAX_KEY_PATTERNS`, else the object keeps the schema's order), and its ``required`` goes to
+    the value checks, as on xgrammar with properties in any order.
 
     Returns ``schema`` itself when nothing changes; never mutates it.
     """
@@ -134,9 +136,6 @@ every two of an object's patterns disjoint, so its compile grows with their squa
 2 ms; 32: 6 ms; 50: 33 ms; 200: 1.1 s, with SmolLM2's tokenizer; Intel Xeon family 6 model 207). Keys
 whose schemas are the same share one: the objects of the MaskBench dev sample have up to 29 distinct."""
 
-_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")
-"""What llguidance's regex syntax reads as more than itself (``regex_syntax::is_meta_character``)."""
-
 
 def _key_patterns(declared: dict[str, Any]) -> dict[str, Any] | None:
     """``patternProperties`` that take exactly the ``declared`` properties, one pattern per distinct
@@ -146,12 +145,7 @@ def _key_patterns(declared: dict[str, Any]) -> dict[str, Any] | None:
         groups.setdefault(json.dumps(sub, sort_keys=True), ([], sub))[0].append(name)
     if len(groups) > MAX_KEY_PATTERNS:
         return None
-    return {f"^({'|'.join(map(_regex_literal, names))})$": sub for names, sub in groups.values()}
-
-
-def _regex_literal(text: str) -> str:
-    """A regex matching exactly ``text``, for llguidance."""
-    return "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
+    return {f"^({'|'.join(map(re.escape, names))})$": sub for names, sub in groups.values()}
 
 
 def unique_keys(constraint: JsonSchema, engine_schema: Any) -> bool:

@@ -347,6 +347,13 @@ def test_both_engines_take_keys_in_any_order_in_specification_mode(smol_tokenize
     assert not accepts(compiled, smol_tokenizer, '{"b": 1, "d": 1, "a": "x"}')  # no other key
     entry = next(e for e in compiled.coverage if e.keyword == "required" and "any order" in e.note)
     assert entry.status == "enforced" and "value boundaries" in entry.note
+    # names that regexes read as more than themselves are matched as written
+    odd = {"type": "object", "properties": {"$schema": {"type": "string"}, "a.b": {}, "x-y (z)": {}},
+           "additionalProperties": False}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(odd, mode="specification"), smol_tokenizer, engine="llguidance")
+    assert accepts(compiled, smol_tokenizer, '{"x-y (z)": 1, "a.b": 2, "$schema": "s"}')
+    assert not accepts(compiled, smol_tokenizer, '{"aXb": 2}')  # "." is no wildcard
+    assert not accepts(compiled, smol_tokenizer, '{"$schema": 1}')
 
 
 def test_schema_ordered_follows_the_schema_through_refs_and_branches():
