@@ -337,6 +337,8 @@ class ValueState:
         ids, here = self._candidates()
         if ids is None and self.scan.mode != SCALAR:
             return True
+        if (not here or count_allowed(row) > LOOKAHEAD_TOKENS) and self.leaves_some(row, eos_token_ids):
+            return True  # no look-ahead, and a token no check can refuse (no ids listed: a key allows ~all)
         allowed = allowed_ids(row.numpy())  # [k] int64, padding ids too
         if not len(allowed):
             return True  # nothing to clear: forbid_violations calls it viable too
@@ -457,9 +459,9 @@ class ValueState:
     ) -> list[int]:
         """The allowed tokens after which nothing valid can follow (none looked at when more than
         :data:`LOOKAHEAD_TOKENS` are allowed)."""
-        allowed = allowed_ids(words)  # [k] int64, padding ids too
-        if len(allowed) > LOOKAHEAD_TOKENS:
+        if count_allowed(words) > LOOKAHEAD_TOKENS:
             return []
+        allowed = allowed_ids(words)  # [k] int64, padding ids too
         texts = self.vocab.texts
         return [
             token
