@@ -12,6 +12,8 @@ The loop a matcher serves, per decode step:
 
 from __future__ import annotations
 
+import threading
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -116,6 +118,7 @@ class Matcher:
         self._max_rollback = max_rollback_tokens
         self._grammar_state: GrammarState = compiled.grammar.new_state(max_rollback_tokens=max_rollback_tokens)
         self.num_accepted = 0
+        self._ended = False  # the engine's is_terminated(), kept (asked twice per token, a call each)
         # the key scanner after each accepted token (None: no key guard)
         keys = KeyState.initial(compiled.tokenizer) if compiled.unique_keys else None
         self._keys: _Trail[KeyState] | None = None if keys is None else _Trail(keys)
@@ -248,24 +251,36 @@ class Matcher:
     def _viable(self, token_id: int, depth: int) -> bool:
         """Whether something valid can follow ``token_id``: the text the grammar forces after it completes
         no value the schema forbids, and (``depth`` > 1) the next step is no dead end. A function of the
-        state and the token: at most 1 + :data:`~constrain.match.values.LOOKAHEAD_TOKENS` probes (a fork,
-        a token and a mask each) per call at depth 2."""
+        state and the token: at most 1 + :data:`~constrain.match.values.LOOKAHEAD_TOKENS` probes (a token,
+        a rollback and a mask each) per call at depth 2. Each probe takes the token on this matcher, as a
+        search would (strict: no token taken at a dead end, nor one worked out), and rolls it back: the
+        state is as it was when this returns, and no engine state is copied."""
         if token_id in self._eos:
             return True
-        probe = self.fork(search=True)  # strict: a probe takes no token at a dead end (nor works one out)
-        if not probe.accept_token(token_id):
-            return False
-        forced = str(probe._grammar_state.find_jump_forward_string()).encode()
-        assert probe._values is not None
-        state = probe._values.state
+        searching, self.searching = self.searching, True
+        try:
+            if not self.accept_token(token_id):
+                return False
+            try:
+                return self._viable_after(depth)
+            finally:
+                self.rollback(1)
+        finally:
+            self.searching = searching
+
+    def _viable_after(self, depth: int) -> bool:
+        """:meth:`_viable` once its token is taken."""
+        forced = str(self._grammar_state.find_jump_forward_string()).encode()
+        assert self._values is not None
+        state = self._values.state
         if forced and state.advance_bytes(forced) is None:
             return False
-        if depth <= 1 or probe._grammar_state.is_terminated():
+        if depth <= 1 or self._ended:
             return True
         # the next step from where the probe stands, forced text not taken: its row and its state go together
-        row = allocate_token_bitmask(1, self.compiled.vocab_size)[0]  # [ceil(V / 32)] int32
-        probe._grammar_state.fill_next_token_bitmask(row.unsqueeze(0), 0)
-        return state.leaves_viable(row, self._eos, lambda token: probe._viable(token, depth - 1))
+        row = _probe_row(self.compiled.vocab_size)  # [1, ceil(V / 32)] int32
+        self._grammar_state.fill_next_token_bitmask(row, 0)
+        return state.leaves_viable(row[0], self._eos, lambda token: self._viable(token, depth - 1))
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar rejects it, or it would
@@ -291,6 +306,8 @@ class Matcher:
                     return False
         if not self._grammar_state.accept_token(token_id):
             return False
+        if token_id in self._eos:
+            self._ended = bool(self._grammar_state.is_terminated())
         if stuck:
             self.dead_ends.append(self.num_accepted)
         if self._keys is not None:
@@ -316,6 +333,7 @@ class Matcher:
             return False
         if not self._grammar_state.accept_string(text):
             return False
+        self._ended = bool(self._grammar_state.is_terminated())  # (a special token's text ends llguidance's)
         if self._keys is not None and keys is not None:
             self._keys = _Trail(keys, self._keys.before)
         if self._values is not None and values is not None:
@@ -348,6 +366,7 @@ class Matcher:
         if num_tokens < 0 or num_tokens > self.num_accepted:
             raise ValueError(f"cannot roll back {num_tokens} tokens: {self.num_accepted} were accepted")
         self._grammar_state.rollback(num_tokens)
+        self._ended = bool(self._grammar_state.is_terminated())
         self.num_accepted -= num_tokens
         if self._keys is not None:
             self._keys = self._keys.back(num_tokens)
@@ -358,7 +377,7 @@ class Matcher:
 
     def is_terminated(self) -> bool:
         """True once an EOS token was accepted."""
-        return bool(self._grammar_state.is_terminated())
+        return self._ended
 
     def is_completed(self) -> bool:
         """True when the text so far is a complete match (EOS would be accepted now)."""
@@ -389,6 +408,7 @@ class Matcher:
     def reset(self) -> None:
         """Back to the initial state."""
         self._grammar_state.reset()
+        self._ended = False
         self.num_accepted = 0
         if self._keys is not None:
             self._keys = self._keys.root()
@@ -421,6 +441,7 @@ class Matcher:
         twin._max_rollback = self._max_rollback
         twin._grammar_state = self._grammar_state.fork()
         twin.num_accepted = self.num_accepted
+        twin._ended = self._ended
         twin._keys = self._keys  # immutable trails: shared
         twin._values = self._values
         twin.dead_ends = list(self.dead_ends)
@@ -429,6 +450,18 @@ class Matcher:
         twin.searching = self.searching if search is None else search
         twin._filled = self._filled
         return twin
+
+
+_PROBES = threading.local()
+
+
+def _probe_row(vocab_size: int) -> torch.Tensor:
+    """``[1, ceil(vocab_size / 32)]`` int32: this thread's row for the look-ahead's masks (one probe at
+    depth 2 fills a row at a time, and reads it before the next does), made once per thread and size."""
+    rows: dict[int, torch.Tensor] = _PROBES.__dict__.setdefault("rows", {})
+    if vocab_size not in rows:
+        rows[vocab_size] = allocate_token_bitmask(1, vocab_size)
+    return rows[vocab_size]
 
 
 def fill_next_token_bitmasks(

@@ -376,7 +376,7 @@ class ValueState:
         words = row.numpy()  # [ceil(V / 32)] int32, a view
         if ids is None and self.scan.mode != SCALAR:
             return bool(words.any())
-        refusable = (0 if ids is None else len(allowed_among(words, ids))) + sum(
+        refusable = (0 if ids is None else self.vocab.count_among(words, ids)) + sum(
             is_allowed(words, token) for token in eos_token_ids
         )
         return count_allowed(words) > refusable

@@ -254,16 +254,20 @@ class ValueVocab:
     value_end_numeric: np.ndarray  # [en] int64: ``value_end`` or ``numeric`` (where a number under check may start)
     # per id(table) of the tables above, ``[V]`` bytes of 0 or 1: whether the table holds a token, in O(1)
     members: dict[int, bytes] = field(init=False, repr=False, compare=False)
+    # per id(table), ``[ceil(V / 32)]`` uint32: the table as bitmask words (a row's members counted at once)
+    words: dict[int, np.ndarray] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        members = {}
+        members, words = {}, {}
         for ids in (getattr(self, entry.name) for entry in fields(self) if entry.init):
             if not isinstance(ids, np.ndarray):
                 continue
-            table = np.zeros(len(self.texts), dtype=np.uint8)  # [V]
+            table = np.zeros(-(-len(self.texts) // 32) * 32, dtype=np.uint8)  # [32 * ceil(V / 32)]
             table[ids] = 1
-            members[id(ids)] = table.tobytes()
+            members[id(ids)] = table[: len(self.texts)].tobytes()
+            words[id(ids)] = np.packbits(table, bitorder="little").view(np.uint32)
         object.__setattr__(self, "members", members)
+        object.__setattr__(self, "words", words)
 
     def holds(
         self,
@@ -274,6 +278,18 @@ class ValueVocab:
         """Whether ``ids`` (a table of this vocabulary) holds ``token``."""
         table = self.members[id(ids)]
         return token < len(table) and table[token] == 1
+
+    def count_among(
+        self,
+        # [ceil(V' / 32)] int32: a mask row (V' >= V: padding ids past the tokenizer's hold no table's token)
+        row: np.ndarray,
+        # [n] int64: one of this vocabulary's tables
+        ids: np.ndarray,
+    ) -> int:
+        """How many tokens of ``ids`` (a table of this vocabulary) ``row`` allows: ``len(allowed_among(row,
+        ids))`` in one pass over the row's words."""
+        table = self.words[id(ids)]  # [ceil(V / 32)] uint32
+        return int(np.bitwise_count(row.view(np.uint32)[: len(table)] & table).sum())
 
 
 @bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT)
