@@ -150,11 +150,6 @@ class JsonScan(NamedTuple):
         """Whether a whole value was read (the top-level value complete; only whitespace may follow)."""
         return self.mode == AFTER and not self.open
 
-    def passes(self, data: bytes) -> bool:
-        """Whether feeding ``data`` with ``texts=False`` reports nothing and changes nothing: a run inside
-        a string value, without a quote or a backslash (most tokens of a long string). O(len(data)), in C."""
-        return self[0] == IN_STRING and b'"' not in data and b"\\" not in data
-
     def feed(self, data: bytes, events: JsonEvents = _IGNORE, *, texts: bool = True) -> JsonScan:
         """The scan after ``data``, reporting to ``events`` what opens and completes in it. Does not
         change this scan; returns it unchanged where nothing changed. Raises :class:`JsonSyntaxError`

@@ -103,8 +103,14 @@ class KeyState:
     def advance_bytes(self, data: bytes) -> KeyState | None:
         """The state after ``data``; None when it would complete a key its object already has (or is not
         JSON: the grammar refuses it too)."""
-        if self.scan.passes(data):
-            return self
+        scan = self.scan
+        if (scan.mode == IN_STRING or scan.mode == IN_KEY) and b'"' not in data and b"\\" not in data:
+            # a run inside a string value (nothing kept) or a key (its text grows): what feeding it does, at once
+            return (
+                self
+                if scan.mode == IN_STRING
+                else KeyState(self.vocab, JsonScan(scan.mode, scan.open, scan.text + data), self.stack)
+            )
         keys = _Keys(self.stack)
         try:
             scan = self.scan.feed(data, keys, texts=False)  # keys only: a string value costs nothing per token

@@ -118,6 +118,7 @@ class Matcher:
         self._max_rollback = max_rollback_tokens
         self._grammar_state: GrammarState = compiled.grammar.new_state(max_rollback_tokens=max_rollback_tokens)
         self.num_accepted = 0
+        self._vocab_size = compiled.vocab_size  # (asked per token: a property of a property)
         self._ended = False  # the engine's is_terminated(), kept (asked twice per token, a call each)
         # the key scanner after each accepted token (None: no key guard)
         keys = KeyState.initial(compiled.tokenizer) if compiled.unique_keys else None
@@ -220,7 +221,7 @@ class Matcher:
         :meth:`check_row` keeps its bit, where it returns ``VIABLE`` (else every token is refused here, and
         the row :meth:`check_row` makes decides). Does not change the matcher state."""
         token_id = int(token_id)
-        if self.is_terminated() or token_id >= self.compiled.vocab_size:
+        if self._ended or token_id >= self._vocab_size:
             return True
         keys = self._keys
         if keys is not None and token_id not in self._eos and keys.state.advance(token_id) is None:
@@ -290,7 +291,7 @@ class Matcher:
             return False
         keys = values = None
         stuck = False  # a dead end (see the class): the value is taken as it comes
-        if token_id < self.compiled.vocab_size:  # an id past the tokenizer's (padding) holds no text
+        if token_id < self._vocab_size:  # an id past the tokenizer's (padding) holds no text
             if self._keys is not None and (keys := self._keys.state.advance(token_id)) is None:
                 return False
             if self._values is not None:
@@ -442,6 +443,7 @@ class Matcher:
         twin._grammar_state = self._grammar_state.fork()
         twin.num_accepted = self.num_accepted
         twin._ended = self._ended
+        twin._vocab_size = self._vocab_size
         twin._keys = self._keys  # immutable trails: shared
         twin._values = self._values
         twin.dead_ends = list(self.dead_ends)

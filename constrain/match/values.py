@@ -207,8 +207,14 @@ class ValueState:
         A run inside a string that nothing checks (neither the string, nor any container open around it:
         ``_candidates`` finds none) returns this very state: the string's text is never read, so it is
         not kept (``scan.text`` then lacks the run), and a long string costs nothing per token."""
-        if self.scan.passes(data) and self._candidates()[0] is None:
-            return self, len(data)
+        scan = self.scan
+        if (scan.mode == IN_STRING or scan.mode == IN_KEY) and b'"' not in data and b"\\" not in data:
+            if scan.mode == IN_STRING and self._candidates()[0] is None:
+                return self, len(data)
+            # a run inside a string or key: its text grows, nothing completes (what feeding it does, at once)
+            return ValueState(
+                self.checks, self.vocab, JsonScan(scan.mode, scan.open, scan.text + data), self.stack, self._memo
+            ), len(data)
         values = _Values(self.checks, self.stack, strict)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
