@@ -13,7 +13,6 @@ The loop a matcher serves, per decode step:
 from __future__ import annotations
 
 import threading
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
