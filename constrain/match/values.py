@@ -104,6 +104,7 @@ class _Frame:
     is_object: bool
     items: tuple[Any, ...] = ()  # arrays: the completed items; objects: (key, value) pairs
     key: str | None = None  # objects: the key whose value is being written
+    watched: bool = False  # whether a check reads this container or one it stands in (as it grows or complete)
 
     def value(self) -> Any:
         """The container as a JSON value: its completed items or members."""
@@ -124,7 +125,10 @@ class _Values:
         self.checks, self.stack, self.strict = checks, stack, strict
 
     def open(self, is_object: bool) -> None:
-        self.stack = (*self.stack, _Frame(_location(self.checks, self.stack), is_object))
+        checks, stack = self.checks, self.stack
+        location = _location(checks, stack)
+        watched = bool(stack and stack[-1].watched) or checks.must_check(location) or checks.grows_checked(location)
+        self.stack = (*stack, _Frame(location, is_object, watched=watched))
 
     def close(self) -> None:
         top = self.stack[-1]
@@ -139,7 +143,7 @@ class _Values:
         if self.strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
-        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key))
+        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched))
 
     def value(self, text: bytes) -> None:
         self._complete(_parse(text))
@@ -154,7 +158,8 @@ class _Values:
         if not stack:
             return
         top = stack[-1]
-        grown = _Frame(top.location, top.is_object, (*top.items, (top.key, value) if top.is_object else value))
+        item = (top.key, value) if top.is_object else value
+        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched)
         if (
             self.strict
             and checks.grows_checked(top.location)
@@ -263,7 +268,7 @@ class ValueState:
         is checked itself (its own location, or its container as it grows)."""
         if "candidates" not in self._memo:
             checks, stack, vocab, mode = self.checks, self.stack, self.vocab, self.scan.mode
-            outer = any(checks.must_check(f.location) or checks.grows_checked(f.location) for f in stack)
+            outer = bool(stack) and stack[-1].watched
             here = (mode in VALUE_MODES or mode in (IN_STRING, STRING_ESCAPE, SCALAR)) and (
                 checks.must_check(_location(checks, stack)) or bool(stack and checks.grows_checked(stack[-1].location))
             )
@@ -511,7 +516,7 @@ def _inert(text: bytes, mode: int, in_object: bool) -> bool:
     such a token cannot be refused by any check there. Text that is not JSON there is not inert."""
     assert mode in OUTSIDE, "only modes outside strings and scalars"
     key = "" if in_object and mode in (VALUE, COLON) else None  # a value's key is written already
-    frame = _Frame(_Completions.root_location, in_object, (), key)
+    frame = _Frame(_Completions.root_location, in_object, (), key, True)
     scan = JsonScan(mode, b"{" if in_object else b"[")
     probe = ValueState(_Completions(), None, scan, (frame,))  # type: ignore[arg-type]  # no vocab: bytes only
     return probe.advance_bytes(text) is not None
