@@ -106,7 +106,8 @@ class Matcher:
       again (:mod:`constrain.decode.checked`). Where sampling has no top-k, top-p or min-p filter, this draws
       from exactly the distribution of the eager mask, at the cost of the drawn token's check alone.
 
-    Filling a mask never changes the matcher: whether a step is a dead end is a function of its state,
+    Filling a mask never changes the matcher (its look-ahead takes each probed token and rolls it back
+    before it returns): whether a step is a dead end is a function of its state,
     worked out again by :meth:`accept_token` when the strict checks refuse a token. So a mask filled on
     a fork (a draft's slot) and one filled on the matcher itself agree, and so do the tokens they take.
     A terminated matcher (EOS accepted) allows EOS only; the grammar engines are not asked for its mask.
@@ -278,7 +279,7 @@ class Matcher:
         if depth <= 1 or self._ended:
             return True
         # the next step from where the probe stands, forced text not taken: its row and its state go together
-        row = _probe_row(self.compiled.vocab_size)  # [1, ceil(V / 32)] int32
+        row = _probe_row(self._vocab_size)  # [1, ceil(V / 32)] int32
         self._grammar_state.fill_next_token_bitmask(row, 0)
         return state.leaves_viable(row[0], self._eos, lambda token: self._viable(token, depth - 1))
 

@@ -104,7 +104,7 @@ class _Frame:
     is_object: bool
     items: tuple[Any, ...] = ()  # arrays: the completed items; objects: (key, value) pairs
     key: str | None = None  # objects: the key whose value is being written
-    watched: bool = False  # whether a check reads this container or one it stands in (as it grows or complete)
+    watched: bool = False  # whether a check reads its items, or those of a container around it
 
     def value(self) -> Any:
         """The container as a JSON value: its completed items or members."""
@@ -211,7 +211,9 @@ class ValueState:
 
         A run inside a string that nothing checks (neither the string, nor any container open around it:
         ``_candidates`` finds none) returns this very state: the string's text is never read, so it is
-        not kept (``scan.text`` then lacks the run), and a long string costs nothing per token."""
+        not kept (``scan.text`` then lacks the run), and a long string costs nothing per token. Any other
+        run inside a string or key (no quote, no backslash) is appended to the scan's text without the
+        scanner: nothing completes in it."""
         scan = self.scan
         if (scan.mode == IN_STRING or scan.mode == IN_KEY) and b'"' not in data and b"\\" not in data:
             if scan.mode == IN_STRING and self._candidates()[0] is None:
@@ -349,7 +351,7 @@ class ValueState:
         if ids is None and self.scan.mode != SCALAR:
             return True
         if (not here or count_allowed(row) > LOOKAHEAD_TOKENS) and self.leaves_some(row, eos_token_ids):
-            return True  # no look-ahead, and a token no check can refuse (no ids listed: a key allows ~all)
+            return True  # no look-ahead here, and a token no check can refuse: counted, the row's ids not listed
         allowed = allowed_ids(row.numpy())  # [k] int64, padding ids too
         if not len(allowed):
             return True  # nothing to clear: forbid_violations calls it viable too

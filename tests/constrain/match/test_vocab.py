@@ -52,6 +52,11 @@ def test_the_vectorized_tables_equal_a_token_by_token_reading(tokenizer, request
         if isinstance(table, np.ndarray):
             held = [token for token in range(info.vocab_size + 64) if values.holds(table, token)]
             assert held == table.tolist(), entry.name
+            rng = np.random.default_rng(len(table))
+            for width in (-(-info.vocab_size // 32), -(-info.vocab_size // 32) + 3):  # padded rows too
+                row = rng.integers(-(2**31), 2**31, size=width, dtype=np.int64).astype(np.int32)  # [W] int32
+                allowed = [t for t in table.tolist() if (int(row[t >> 5]) >> (t & 31)) & 1]
+                assert values.count_among(row, table) == len(allowed), entry.name
     keys = vocab.key_vocab(info)
     assert keys.sorted_ids == expected["sorted_ids"]
     assert keys.multi_quote[0].tolist() == expected["two_quotes"]
