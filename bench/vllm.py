@@ -125,10 +125,13 @@ async def run(url: str, chosen: list[dict[str, Any]], style: str, max_tokens: in
         tokens = reply.usage.completion_tokens if reply.usage else 0
         return tokens, valid(schema, choice.message.content or ""), choice.finish_reason == "length", False
 
-    await asyncio.gather(*(one(s, 1) for s in chosen))  # compiles every schema
-    start = time.perf_counter()
-    results = await asyncio.gather(*(one(s, max_tokens) for s in chosen))
-    seconds = time.perf_counter() - start
+    try:
+        await asyncio.gather(*(one(s, 1) for s in chosen))  # compiles every schema
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(s, max_tokens) for s in chosen))
+        seconds = time.perf_counter() - start
+    finally:
+        await client.close()  # inside the loop: closed after it, the client's transport raises at exit
     return {
         "tokens": sum(r[0] for r in results), "seconds": seconds, "valid": sum(r[1] for r in results),
         "cut": sum(r[2] for r in results), "refused": sum(r[3] for r in results),
