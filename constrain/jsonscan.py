@@ -150,6 +150,12 @@ class JsonScan(NamedTuple):
         """Whether a whole value was read (the top-level value complete; only whitespace may follow)."""
         return self.mode == AFTER and not self.open
 
+    def extends(self, data: bytes) -> bool:
+        """Whether ``data`` only extends the string value or key being written: no quote, no backslash, so
+        feeding it reports nothing and adds ``data`` to :attr:`text` (most tokens of a string or key, read
+        by the callers without a scan). O(len(data)), in C."""
+        return (self[0] == IN_STRING or self[0] == IN_KEY) and b'"' not in data and b"\\" not in data
+
     def feed(self, data: bytes, events: JsonEvents = _IGNORE, *, texts: bool = True) -> JsonScan:
         """The scan after ``data``, reporting to ``events`` what opens and completes in it. Does not
         change this scan; returns it unchanged where nothing changed. Raises :class:`JsonSyntaxError`

@@ -104,8 +104,7 @@ class KeyState:
         """The state after ``data``; None when it would complete a key its object already has (or is not
         JSON: the grammar refuses it too)."""
         scan = self.scan
-        if (scan.mode == IN_STRING or scan.mode == IN_KEY) and b'"' not in data and b"\\" not in data:
-            # a run inside a string value (nothing kept) or a key (its text grows): what feeding it does, at once
+        if scan.extends(data):  # a string value's text is not kept; a key's grows
             return (
                 self
                 if scan.mode == IN_STRING

@@ -215,13 +215,11 @@ class ValueState:
         run inside a string or key (no quote, no backslash) is appended to the scan's text without the
         scanner: nothing completes in it."""
         scan = self.scan
-        if (scan.mode == IN_STRING or scan.mode == IN_KEY) and b'"' not in data and b"\\" not in data:
+        if scan.extends(data):
             if scan.mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
-            # a run inside a string or key: its text grows, nothing completes (what feeding it does, at once)
-            return ValueState(
-                self.checks, self.vocab, JsonScan(scan.mode, scan.open, scan.text + data), self.stack, self._memo
-            ), len(data)
+            grown = JsonScan(scan.mode, scan.open, scan.text + data)  # what feeding it makes, without the scan
+            return ValueState(self.checks, self.vocab, grown, self.stack, self._memo), len(data)
         values = _Values(self.checks, self.stack, strict)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))

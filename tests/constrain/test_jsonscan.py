@@ -151,3 +151,26 @@ def test_without_texts_the_structure_and_keys_are_the_same(value, cuts):
     assert bare.events == [(kind, b"") if kind == "value" else (kind, *rest) for kind, *rest in kept.events]
     inside = START.feed(b'["', texts=False)
     assert inside.feed(b"a long run of text", texts=False) is inside  # nothing kept, nothing new
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@seed(13)
+@given(value=json_values, cuts=st.lists(st.integers(0, 400), max_size=8))
+def test_a_piece_that_extends_a_string_or_key_is_what_feeding_it_makes(value, cuts):
+    """Where ``extends`` says a piece only extends the string or key being written, feeding it reports
+    nothing and appends it to the text (the callers build that scan without feeding)."""
+    data = json.dumps(value, ensure_ascii=False).encode()
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    scan = START
+    for lo, hi in itertools.pairwise(bounds):
+        piece, recorder = data[lo:hi], Recorder(decode=False)
+        after = scan.feed(piece, recorder)
+        if scan.extends(piece):
+            assert after == JsonScan(scan.mode, scan.open, scan.text + piece) and not recorder.events
+        scan = after
+
+
+def test_extends_holds_inside_strings_and_keys_only():
+    assert JsonScan(IN_STRING, b"[", b'"ab').extends("cd é".encode()) and JsonScan(IN_KEY, b"{", b'"a').extends(b"b")
+    assert not JsonScan(IN_STRING, b"[", b'"ab').extends(b'c"') and not JsonScan(IN_KEY, b"{", b'"a').extends(b"\\n")
+    assert not JsonScan(SCALAR, b"[", b"12").extends(b"3") and not START.extends(b"abc")
