@@ -15,7 +15,14 @@ from constrain.backends import xgrammar
 from constrain.backends.llguidance import UNKNOWN_FORMATS
 from constrain.caches import bounded
 from constrain.constraints.constraint import MAX_WHITESPACE, SEPARATORS, EmbeddedJson, JsonSchema
-from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry, prepare
+from constrain.constraints.schema import (
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    SINGLE_SCHEMAS,
+    SUBSCHEMA_KEYS,
+    CoverageEntry,
+    prepare,
+)
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.keys import may_repeat_keys
 from constrain.match.validate import schema_validator
@@ -90,7 +97,7 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
     reordered: list[bool] = []  # per object given in any order: whether it had ``required``
 
     def walk(node: Any) -> Any:
-        if not isinstance(node, dict):
+        if not isinstance(node, dict) or node.keys().isdisjoint(_ADAPTED):
             return node
         out = dict(node)
         if out.get("format") in UNKNOWN_FORMATS:
@@ -129,6 +136,9 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
         entries += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
     return adapted, entries
 
+
+_ADAPTED = SUBSCHEMA_KEYS | {"format", "minProperties", "maxProperties"}
+"""The keywords :func:`llguidance_schema` reads: a node without any is given as it is."""
 
 MAX_KEY_PATTERNS = 32
 """Most patterns an object's declared keys become for llguidance (:func:`llguidance_schema`): it proves

@@ -12,7 +12,7 @@ from constrain.caches import bounded
 from constrain.compiler.json_schema import json_schema_ebnf, prepared
 from constrain.constraints.constraint import Constraint, JsonSchema, Regex
 
-__all__ = ["AUTO_LIMITS", "ENGINES", "AutoLimits", "auto_engine", "default_xgrammar_wait"]
+__all__ = ["AUTO_LIMITS", "ENGINES", "RULES", "AutoLimits", "auto_engine", "default_xgrammar_wait", "slow_for_xgrammar"]
 
 ENGINES = ("auto", "xgrammar", "llguidance")
 """What ``compile(engine=...)`` takes."""
@@ -30,6 +30,13 @@ def default_xgrammar_wait() -> float | None:
     return 0.05 if cores >= 4 else None
 
 
+RULES = 120
+"""Default :attr:`AutoLimits.rules`. Lowered from 450 on 2026-11-27 (SmolLM2's tokenizer, Intel Xeon family
+6 model 207, 2 cores): of the 312 schemas of MaskBench's 400-schema sample that xgrammar served, 10 took it
+over 30 ms to compile; the 14 with more than 120 rules held 7 of them, and no schema left under the limit
+took over 39 ms."""
+
+
 @dataclass(frozen=True, slots=True)
 class AutoLimits:
     """When ``engine="auto"`` serves a JSON schema or regex with llguidance instead of xgrammar.
@@ -39,21 +46,28 @@ class AutoLimits:
     compiles in about a millisecond. Any limit reached sends the constraint to llguidance. Fitted
     on 1,996 MaskBench schemas with SmolLM2's tokenizer (xgrammar 0.2.8, 2 CPU cores): 405 go to
     llguidance, and 13 of the rest took xgrammar over 45 ms to compile (73 with the previous rule:
-    450 rules or repetitions adding up to 120); ``excluded_keys`` was lowered since (see there).
-    Pass other limits as ``compile(..., auto_limits=)``.
+    450 rules or repetitions adding up to 120); ``excluded_keys``, ``rules`` and ``string_repeat``
+    were set since (see each). Pass other limits as ``compile(..., auto_limits=)``.
 
     Where no limit is reached, xgrammar still may take long: ``xgrammar_wait_s`` bounds the wait.
     """
 
     schema_chars: int = 10_000
     """Characters of the prepared schema (annotations dropped): past it, xgrammar's grammar is not even built."""
-    rules: int = 450
-    """Rules of xgrammar's grammar."""
+    rules: int = RULES
+    """Rules of xgrammar's grammar (its EBNF's lines): see :data:`RULES`."""
+    string_repeat: int = 10
+    """A string's length bounds (``maxLength``, and ``minLength`` twice), added up over the distinct pairs
+    of bounds. xgrammar spells a bounded string as a repetition of one broad character class, whose compile
+    grows faster than the bound (SmolLM2's tokenizer, Intel Xeon family 6 model 207, 2 cores, fastest of
+    3): ``maxLength`` 5, 8, 10, 15 and 30 took 7, 18, 31, 60 and 145 to 253 ms; ``minLength`` 1, 3, 5
+    and 10 took 14, 20, 32 and 53 ms (a plain string: 5 ms). Strings with the same bounds share their
+    rule: four with ``minLength: 1`` took 14 ms, one 13.5 ms."""
     repeat: int = 40
-    """Upper bounds of bounded repetitions added up (``maxLength``, ``maxItems``; each counted up to 300),
-    those inside a ``pattern`` twice (``^[A-Za-z]{1,32}$`` alone: 107 ms). ``maxLength: 1024`` alone: 0.8 s."""
+    """Upper bounds of the other bounded repetitions added up (``maxItems``; each counted up to 300), those
+    inside a ``pattern`` twice (``^[A-Za-z]{1,32}$`` alone: 107 ms)."""
     repeat_min: int = 40
-    """Lower bounds of repetitions added up (``minLength``, ``minItems``, required-key counts)."""
+    """Lower bounds of the other repetitions added up (``minItems``, required-key counts)."""
     excluded_keys: int = 6
     """Rules of the "any key but the declared ones" tries of open objects (one rule per prefix of a declared
     key, and one for the whitespace after it: a single key ``increment`` makes 11, which cost xgrammar 90 to
@@ -80,7 +94,11 @@ class AutoLimits:
 AUTO_LIMITS = AutoLimits()
 """The default limits."""
 
-_REPEAT = re.compile(r"\{(\d+),\s*(-?\d+)\}")
+_REPEAT = re.compile(r"(?<!\w)(\w+)\{(\d+),\s*(-?\d+)\}")
+_CHARACTER_RULE = re.compile(r"^(\w+) ::= \(\(\[\^(?:[^\]\\]|\\.)*\]\)\)$", re.MULTILINE)
+"""A rule that is one negated character class (any character but a few): what xgrammar repeats to bound
+a string's length. Most tokens fit it, hence the cost; a narrow class repeated (a format's ``[0-9]{4}``)
+compiles in about a millisecond."""
 _PATTERN_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
@@ -103,13 +121,21 @@ def auto_engine(constraint: Constraint, limits: AutoLimits = AUTO_LIMITS) -> str
         ebnf = json_schema_ebnf(constraint)[0]  # what xgrammar would compile
     except Exception:  # the build reports it
         return "xgrammar"
-    repeats = _REPEAT.findall(ebnf)
+    return "llguidance" if slow_for_xgrammar(ebnf, limits) else "xgrammar"
+
+
+def slow_for_xgrammar(ebnf: str, limits: AutoLimits = AUTO_LIMITS) -> bool:
+    """Whether xgrammar's grammar ``ebnf`` reaches one of ``limits``' (long to compile)."""
+    characters = {rule for rule in _CHARACTER_RULE.findall(ebnf) if not rule.startswith("basic_")}  # not digits
+    repeats = [(rule in characters, int(lo), int(hi)) for rule, lo, hi in _REPEAT.findall(ebnf)]
+    strings = {(lo, hi) for is_string, lo, hi in repeats if is_string}
+    others = [(lo, hi) for is_string, lo, hi in repeats if not is_string]
     lines = ebnf.split("\n")
     in_patterns = [int(hi or lo) for line in lines if "Regex(" in line for lo, hi in _PATTERN_REPEAT.findall(line)]
-    heavy = (
+    return (
         len(lines) > limits.rules
-        or _repeat_sum([int(hi) for _, hi in repeats]) + 2 * _repeat_sum(in_patterns) >= limits.repeat
-        or _repeat_sum([int(lo) for lo, _ in repeats]) >= limits.repeat_min
+        or _repeat_sum([hi for _, hi in strings]) + 2 * _repeat_sum([lo for lo, _ in strings]) >= limits.string_repeat
+        or _repeat_sum([hi for _, hi in others]) + 2 * _repeat_sum(in_patterns) >= limits.repeat
+        or _repeat_sum([lo for lo, _ in others]) >= limits.repeat_min
         or excluded_key_rules(ebnf) >= limits.excluded_keys
     )
-    return "llguidance" if heavy else "xgrammar"

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -55,7 +55,10 @@ from constrain.constraints.schema_rewrites import (
 from constrain.constraints.schema_unsatisfiable import contradiction, draft_of
 from constrain.errors import SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 
-__all__ = ["SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "CoverageEntry", "Status", "prepare"]
+__all__ = [
+    "SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "SUBSCHEMA_KEYS", "CoverageEntry", "Status", "prepare",
+    "subschemas",
+]  # fmt: skip
 
 Status = Literal["enforced", "checked", "approximated", "ignored"]
 
@@ -100,6 +103,36 @@ SINGLE_SCHEMAS = (
     "propertyNames", "unevaluatedProperties", "unevaluatedItems",
 )  # fmt: skip
 """Where subschemas sit: maps of them, lists of them, single ones (``items`` may also be a draft-7 list)."""
+
+_PLAIN = ANNOTATIONS | {"type"}
+"""A node of these keywords alone is its keywords: each is kept (``type``) or reported (annotations), and none
+of the walk's rewrites or proofs applies (``{"type": "string", "description": ...}``)."""
+
+_WIDENING = frozenset({"unevaluatedProperties", "dependentSchemas", "if", "then", "else"})
+"""Keywords dropped for the engine that would admit keys beyond ``additionalProperties``."""
+_WIDENING_UNPATTERNED = _WIDENING | {"patternProperties"}
+""":data:`_WIDENING` where the engine is not given the ``patternProperties`` (it has no patterns)."""
+
+SUBSCHEMA_KEYS = frozenset((*SCHEMA_MAPS, *SCHEMA_LISTS, *SINGLE_SCHEMAS))
+"""Every keyword under which a subschema sits."""
+_MAP_KEYS, _LIST_KEYS = frozenset(SCHEMA_MAPS), frozenset(SCHEMA_LISTS)
+
+
+def subschemas(node: dict[str, Any]) -> Iterator[Any]:
+    """The values directly inside ``node`` where subschemas sit, in ``node``'s key order: the values of its
+    maps, the members of its lists (a draft-7 ``items`` list too), its single ones. Callers skip what is
+    not a schema (a ``dependencies`` entry may be a list of names). Walks ``node``'s own keys only."""
+    for key, value in node.items():
+        if key not in SUBSCHEMA_KEYS:
+            continue
+        if key in _MAP_KEYS:
+            if isinstance(value, dict):
+                yield from value.values()
+        elif isinstance(value, list):
+            yield from value
+        elif key not in _LIST_KEYS:
+            yield value
+
 
 INT64_AS_FLOAT = 2.0**53
 """Integer bounds beyond this are dropped from the grammar (the engine rejects them) and checked."""
@@ -206,6 +239,10 @@ class _Preparer:
         """:meth:`node`'s walk and rewrites; a proof of :func:`contradiction` is appended to ``proven``
         before it is raised."""
         out: dict[str, Any] = {}
+        if node.keys() <= _PLAIN:  # nothing below it, to merge, to prove or to rewrite: half of large schemas
+            for key, value in node.items():
+                self.keyword(key, value, node, out, pointer)
+            return out
         written, node = node, dict(node)  # `node` becomes the node with its allOf branches merged in
         referring = "$ref" in node
         if referring:
@@ -460,10 +497,8 @@ class _Preparer:
 
     def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         """Keep the grammar a superset where a dropped keyword would have widened what is allowed."""
-        widening = ["unevaluatedProperties", "dependentSchemas", "if", "then", "else"]
-        if "patternProperties" not in out:  # the engine has no patterns (see _pattern_properties)
-            widening.append("patternProperties")
-        if any(k in node for k in widening) and "additionalProperties" in out:
+        widening = _WIDENING if "patternProperties" in out else _WIDENING_UNPATTERNED  # see _pattern_properties
+        if "additionalProperties" in out and not node.keys().isdisjoint(widening):
             out.pop("additionalProperties")  # keys the dropped keyword would admit must stay possible
             self.mark(pointer, "additionalProperties", "checked", "relaxed beside patternProperties/unevaluated*")
         if "unevaluatedItems" in node and out.get("items") is False:

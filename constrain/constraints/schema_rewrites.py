@@ -42,10 +42,10 @@ ANNOTATIONS = frozenset(
 """Keywords that never change whether an instance is valid (``$anchor`` is resolved, not enforced):
 :func:`merge_into` skips them, and preparation reports them ``ignored``."""
 
-_SAYS_WHAT_ELSE = (
+_SAYS_WHAT_ELSE = frozenset({
     "additionalProperties", "patternProperties", "unevaluatedProperties", "dependentSchemas", "dependencies",
     "if", "items", "unevaluatedItems",
-)  # fmt: skip
+})  # fmt: skip
 """Keywords by which a schema says what else an object or array may hold: closed mode leaves such a
 node as the schema has it."""
 
@@ -53,7 +53,7 @@ node as the schema has it."""
 def says_what_else(node: dict[str, Any]) -> bool:
     """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
     branches: Any = node.get("allOf") if isinstance(node.get("allOf"), list) else []
-    return any(isinstance(n, dict) and any(k in n for k in _SAYS_WHAT_ELSE) for n in [node, *branches])
+    return any(isinstance(n, dict) and not n.keys().isdisjoint(_SAYS_WHAT_ELSE) for n in [node, *branches])
 
 
 def search_pattern(pattern: str) -> str | None:
@@ -151,7 +151,7 @@ def combine(target: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+_COUNTS = frozenset({"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties"})
 _TAKE_MAX = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _TAKE_MIN = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 
@@ -277,8 +277,8 @@ def declare_required(node: dict[str, Any], out: dict[str, Any]) -> None:
 def round_integer_bounds(out: dict[str, Any]) -> None:
     """The engine wants whole numbers: counts written ``2.0`` become ``2``; integer bounds round inward
     (``minimum: 1.5`` of an integer becomes ``minimum: 2``). Changes ``out`` in place."""
-    for key in _COUNTS:
-        if isinstance(out.get(key), float) and out[key].is_integer():
+    for key in out.keys() & _COUNTS:
+        if isinstance(out[key], float) and out[key].is_integer():
             out[key] = int(out[key])
     if out.get("type") != "integer":
         return

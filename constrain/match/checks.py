@@ -53,7 +53,7 @@ from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
 from constrain.constraints.constraint import EmbeddedJson
 from constrain.constraints.formats import FORMATS, format_status
-from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS, CoverageEntry
+from constrain.constraints.schema import CoverageEntry, subschemas
 from constrain.constraints.schema_refs import resolve_local
 from constrain.match.embedded import CallValues
 from constrain.match.numbers import NumberBounds, bounds_of, viable_under
@@ -203,7 +203,7 @@ class ValueChecks:
             loose = self._beyond(node) | {key for key in everywhere if key in node}
             if loose:
                 self._loose[index] = loose
-            subs = [*_subschemas(node), self._target(node)]
+            subs = [*subschemas(node), self._target(node)]
             edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
             stack += subs
         self._edges = edges
@@ -255,7 +255,7 @@ class ValueChecks:
     @staticmethod
     def _beyond(node: dict[str, Any]) -> set[str]:
         """The keywords of ``node`` beyond the grammar wherever they appear."""
-        found = {key for key in BEYOND_GRAMMAR if key in node and node[key] is not False}
+        found = {key for key in node.keys() & BEYOND_GRAMMAR if node[key] is not False}
         if not isinstance(node.get("format"), str) or format_status(node["format"]) != "checked":
             found.discard("format")  # an annotation, or a format no checker here runs (refused, or lenient)
         required, described = node.get("required"), node.get("properties")
@@ -612,19 +612,6 @@ def _memo_figures() -> dict[str, int]:
 
 
 caches.register("match.checks.memos", _memo_figures)
-
-
-def _subschemas(node: dict[str, Any]) -> Iterable[Any]:
-    """The subschemas directly inside ``node``."""
-    for key in SCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            yield from node[key].values()
-    for key in (*SCHEMA_LISTS, "items"):
-        if isinstance(node.get(key), list):
-            yield from node[key]
-    for key in SINGLE_SCHEMAS:
-        if key in node and not isinstance(node[key], list):
-            yield node[key]
 
 
 _NATIVE = {

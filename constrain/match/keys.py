@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
-from constrain.constraints.schema import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMAS
+from constrain.constraints.schema import subschemas
 from constrain.jsonscan import IN_KEY, IN_STRING, KEY_ESCAPE, START, JsonScan, JsonSyntaxError
 from constrain.match.bitmask import allowed_among, clear_bits, count_allowed
 from constrain.match.vocab import KeyVocab, key_vocab
@@ -170,9 +170,4 @@ def may_repeat_keys(schema: Any, any_order: bool) -> bool:
         repeatable = schema.get("patternProperties") or (any_order and schema.get("properties"))
         if schema.get("additionalProperties") is not False or repeatable:
             return True
-    subschemas = [
-        *(sub for key in SCHEMA_MAPS if isinstance(schema.get(key), dict) for sub in schema[key].values()),
-        *(sub for key in SCHEMA_LISTS if isinstance(schema.get(key), list) for sub in schema[key]),
-        *(schema[key] for key in SINGLE_SCHEMAS if key in schema),
-    ]
-    return any(may_repeat_keys(sub, any_order) for sub in subschemas if sub is not False)
+    return any(may_repeat_keys(sub, any_order) for sub in subschemas(schema) if sub is not False)

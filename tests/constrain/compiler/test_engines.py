@@ -27,6 +27,8 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+LIGHT_PERSON = {**PERSON, "properties": {**PERSON["properties"], "name": {"type": "string"}}}
+"""PERSON without its maxLength, which alone sends it to llguidance under "auto" (AutoLimits.string_repeat)."""
 TEXTS = [
     ('{"name": "Al", "age": 7}', True),
     ('{"name":"Zoë 😀","age":150,"tags":["a",3]}', True),
@@ -126,7 +128,7 @@ WAIT_FOR_XGRAMMAR = constrain.AutoLimits(xgrammar_wait_s=None)
 
 
 def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_tokenizer):
-    light = spec(PERSON)
+    light = spec(LIGHT_PERSON)
     heavy = spec({"type": "object", "properties": {"bio": {"type": "string", "maxLength": 1024}}})
     assert constrain.compile(light, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
     compiled = constrain.compile(heavy, smol_tokenizer)
@@ -148,6 +150,25 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
         assert constrain.compile(spec(schema), smol_tokenizer).engine == "llguidance", schema
     short = spec({"type": "object", "properties": {"age": {"type": "integer"}}})  # 4 rules
     assert constrain.compile(short, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
+    # a string's length bounds: maxLength 10 (31 ms in xgrammar; PERSON's maxLength 12: 70 ms, against 6 ms
+    # without it) or minLength 5 (32 ms), not maxLength 8 (18 ms) or four strings that share minLength 1
+    # (14 ms: one rule), nor a format's narrow classes repeated (uuid's [0-9a-fA-F]{8}...: 2 ms)
+    for bounds, engine in (
+        ({"maxLength": 10}, "llguidance"), ({"minLength": 5}, "llguidance"),
+        ({"minLength": 2, "maxLength": 6}, "llguidance"),
+        ({"maxLength": 8}, "xgrammar"), ({"minLength": 4}, "xgrammar"), ({"format": "uuid"}, "xgrammar"),
+    ):  # fmt: skip
+        compiled = constrain.compile(spec({"type": "string", **bounds}), smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR)
+        assert compiled.engine == engine, bounds
+    named = {k: {"type": "string", "minLength": 1} for k in "abcd"}
+    shared = spec({"type": "object", "properties": named, "required": list(named), "additionalProperties": False})
+    assert constrain.compile(shared, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "xgrammar"
+    # a large grammar (more than AutoLimits.rules)
+    alternatives = {f"k{i}": {"enum": [f"v{i}", i]} for i in range(60)}
+    large = spec({"type": "object", "properties": alternatives, "additionalProperties": False})
+    assert constrain.compile(large, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "llguidance"
+    unlimited = constrain.AutoLimits(rules=10**6, xgrammar_wait_s=None)
+    assert constrain.compile(large, smol_tokenizer, auto_limits=unlimited).engine == "xgrammar"
     increment = spec({"type": "object", "properties": {"increment": {"type": "integer"}}})
     loose = constrain.AutoLimits(excluded_keys=12, xgrammar_wait_s=None)
     assert constrain.compile(increment, smol_tokenizer, auto_limits=loose).engine == "xgrammar"
@@ -177,7 +198,7 @@ def test_auto_serves_with_llguidance_while_xgrammar_compiles(smol_tokenizer):
     """Past ``xgrammar_wait_s``, llguidance serves the constraint and xgrammar's compile goes on; once it
     lands in the cache, ``compile`` returns it. Both take keys in any order, and refuse the same texts."""
     now = constrain.AutoLimits(xgrammar_wait_s=0)
-    schema = spec({**PERSON, "title": "served while xgrammar compiles"})
+    schema = spec({**LIGHT_PERSON, "title": "served while xgrammar compiles"})
     first = constrain.compile(schema, smol_tokenizer, auto_limits=now)
     assert first.engine == "llguidance"
     deadline = time.monotonic() + 60

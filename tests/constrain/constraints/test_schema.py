@@ -223,3 +223,23 @@ def test_closed_by_mode_and_open_where_a_model_allows_extras(smol_tokenizer):
     assert accepts(constrain.compile(spec(schema), smol_tokenizer), smol_tokenizer, extra)
     closed = constrain.compile(spec(schema, closed=True), smol_tokenizer)
     assert not accepts(closed, smol_tokenizer, extra) and accepts(closed, smol_tokenizer, '{"a": 1}')
+
+
+def test_subschemas_are_the_values_where_schemas_sit_in_the_nodes_own_order():
+    from constrain.constraints.schema import prepare, subschemas
+
+    a, b, c, d = {"type": "string"}, {"type": "integer"}, {"const": 1}, {"minimum": 2}
+    node = {
+        "description": "not a schema", "not": c, "properties": {"x": a, "y": b}, "anyOf": [c, d],
+        "items": [a, b], "dependencies": {"x": ["y"]}, "oneOf": "malformed", "additionalProperties": False,
+    }  # fmt: skip
+    assert list(subschemas(node)) == [c, a, b, c, d, a, b, ["y"], False]
+    assert list(subschemas({"type": "string", "title": "t"})) == []
+    # a node of type and annotations alone is kept as its type, each keyword reported
+    prepared, coverage = prepare(
+        {"type": "object", "properties": {"x": {"type": "string", "title": "X"}}}, lenient=False
+    )
+    assert prepared["properties"]["x"] == {"type": "string"}
+    assert {(e.pointer, e.keyword, e.status) for e in coverage if e.pointer == "/properties/x"} == {
+        ("/properties/x", "type", "enforced"), ("/properties/x", "title", "ignored"),
+    }  # fmt: skip
