@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
@@ -31,11 +31,12 @@ from constrain import caches
 from constrain.errors import CompileError
 
 __all__ = [
-    "MAX_RUNAWAY_COMPILES", "MAX_UPGRADES", "RunawayCompiles", "at_low_priority", "in_background", "runaway_compiles",
-    "upgrades",
+    "MAX_RUNAWAY_COMPILES", "MAX_UPGRADES", "RunawayCompiles", "alongside", "at_low_priority", "in_background",
+    "runaway_compiles", "upgrades",
 ]  # fmt: skip
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 MAX_RUNAWAY_COMPILES = 4
 """Compiles past their ``timeout_s`` that may still run at once; at the bound, a compile with a budget is
@@ -159,3 +160,22 @@ caches.register("compile.upgrades", upgrades.stats)
 def in_background(work: Callable[[], T], timeout_s: float) -> T:
     """``work()`` within ``timeout_s`` seconds, by :data:`runaway_compiles` (see :meth:`RunawayCompiles.run`)."""
     return runaway_compiles.run(work, timeout_s)
+
+
+_beside = ThreadPoolExecutor(thread_name_prefix="constrain-native")
+"""Threads for :func:`alongside` (Python's default count: the machine's cores plus 4, at most 32)."""
+
+
+def alongside(native: Callable[[], T], python: Callable[[], U]) -> tuple[T, U]:
+    """``native()`` on a pool thread while ``python()`` runs on this one: both results.
+
+    For a native call that releases the GIL (llguidance's compile does; xgrammar's keeps every core busy
+    on its own): its time and ``python``'s then overlap on a second core. Where ``native`` raises, that is
+    raised, once both have ended (``python``'s own exception, if any, dropped); else ``python``'s."""
+    future = _beside.submit(native)
+    try:
+        mine = python()
+    except Exception:
+        future.result()  # native's error first: what the caller would have met calling them in turn
+        raise
+    return future.result(), mine

@@ -21,7 +21,7 @@ from constrain.backends import xgrammar
 from constrain.backends.base import CompiledGrammar
 from constrain.backends.llguidance import json_schema_grammar, regex_grammar
 from constrain.backends.tokenizer import TokenizerInfo, tokenizer_info
-from constrain.compiler.background import at_low_priority, in_background, upgrades
+from constrain.compiler.background import alongside, at_low_priority, in_background, upgrades
 from constrain.compiler.cache import ByteLRU
 from constrain.compiler.json_schema import (
     embedded_checks,
@@ -180,13 +180,17 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
             separators=SEPARATORS.get(constraint.whitespace),
             max_whitespace=MAX_WHITESPACE[constraint.whitespace],
         )
-    try:
-        grammar = backend.compile(text)
-    except ValueError as err:
-        raise CompileError(f"llguidance could not compile the constraint: {err}") from err
+
+    def build() -> CompiledGrammar:
+        try:
+            return backend.compile(text)
+        except ValueError as err:
+            raise CompileError(f"llguidance could not compile the constraint: {err}") from err
+
     if not isinstance(constraint, JsonSchema):
-        return CompiledConstraint(constraint, info, grammar)
-    checks, coverage = value_checks(constraint, coverage)
+        return CompiledConstraint(constraint, info, build())
+    # llguidance compiles without the GIL: the value checks are built meanwhile
+    grammar, (checks, coverage) = alongside(build, lambda: value_checks(constraint, coverage))
     return CompiledConstraint(
         constraint, info, grammar, coverage, engine_schema, unique_keys(constraint, engine_schema), checks
     )

@@ -1,7 +1,23 @@
 """What each engine is given for a JSON schema: the prepared schema, xgrammar's EBNF, llguidance's schema,
 and the value checks for the keywords beyond the grammar, with the coverage that says so.
 
-All pure and memoized per constraint (bounded, see :mod:`constrain.caches`).
+All pure and memoized per constraint (bounded, see :mod:`constrain.caches`). A JSON schema is compiled in
+these passes, in this order:
+
+1. :func:`constrain.json_schema` checks the schema against its draft's metaschema.
+2. :func:`prepared` (:func:`constrain.constraints.schema.prepare`) rewrites it for the engines in one walk,
+   and says per keyword whether the grammar enforces it (the coverage). Per node, innermost first:
+   references (:mod:`~constrain.constraints.schema_refs`), then ``allOf`` merged, then each keyword, then
+   the proof that the node admits no value (:mod:`~constrain.constraints.schema_unsatisfiable`), then the
+   rewrites of the result (:mod:`~constrain.constraints.schema_rewrites`).
+3. :func:`~constrain.compiler.routing.auto_engine` picks the engine, from the prepared schema and
+   :func:`json_schema_ebnf`.
+4. The engine's input: :func:`json_schema_ebnf` (xgrammar) or :func:`llguidance_schema`, each adding to
+   the coverage what that engine leaves looser.
+5. The engine compiles it (:mod:`constrain.backends`).
+6. :func:`value_checks`: the subschemas under which a keyword is beyond the grammar, checked per value
+   while decoding (:class:`~constrain.match.checks.ValueChecks`); their coverage becomes ``enforced``.
+   :func:`unique_keys` says whether matchers must mask out a repeated key.
 """
 
 from __future__ import annotations

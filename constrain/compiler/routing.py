@@ -31,10 +31,12 @@ def default_xgrammar_wait() -> float | None:
 
 
 RULES = 120
-"""Default :attr:`AutoLimits.rules`. Lowered from 450 on 2026-11-27 (SmolLM2's tokenizer, Intel Xeon family
-6 model 207, 2 cores): of the 312 schemas of MaskBench's 400-schema sample that xgrammar served, 10 took it
-over 30 ms to compile; the 14 with more than 120 rules held 7 of them, and no schema left under the limit
-took over 39 ms."""
+"""Default :attr:`AutoLimits.rules`, lowered from 450 on 2026-11-27 (SmolLM2's tokenizer, Intel Xeon family 6
+model 207, 2 cores; xgrammar's compile alone, one run each). Of the schemas xgrammar serves under the
+default limits, in MaskBench's 400-schema sample and in 500 other dev schemas, 2 of 246 and 2 of 298 took
+it over 40 ms in specification mode, where keys in any order make large grammars (with 450 rules: 20 and
+12), and 0 of 295 and 7 of 355 in generation mode. Of the 63 and 89 specification-mode schemas that this
+limit and :attr:`AutoLimits.string_repeat` move to llguidance, 1 and 6 had compiled in under 15 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,12 @@ class AutoLimits:
 
     schema_chars: int = 10_000
     """Characters of the prepared schema (annotations dropped): past it, xgrammar's grammar is not even built."""
+    any_order_schema_chars: int = 3_000
+    """:attr:`schema_chars` where keys may come in any order (``property_order="any"``, the default of
+    specification mode), whose grammars xgrammar spells out with many more rules. On MaskBench's
+    400-schema sample in specification mode, all 57 schemas of 3,000 characters or more went to llguidance
+    by the other limits anyway (2026-11-27); building the grammar that says so took 3 to 18 ms each below
+    10,000 characters."""
     rules: int = RULES
     """Rules of xgrammar's grammar (its EBNF's lines): see :data:`RULES`."""
     string_repeat: int = 10
@@ -116,7 +124,8 @@ def auto_engine(constraint: Constraint, limits: AutoLimits = AUTO_LIMITS) -> str
     if not isinstance(constraint, JsonSchema):
         return "xgrammar"
     try:
-        if len(json.dumps(prepared(constraint)[0])) > limits.schema_chars:
+        chars = limits.any_order_schema_chars if constraint.property_order == "any" else limits.schema_chars
+        if len(json.dumps(prepared(constraint)[0])) > chars:
             return "llguidance"
         ebnf = json_schema_ebnf(constraint)[0]  # what xgrammar would compile
     except Exception:  # the build reports it

@@ -237,7 +237,15 @@ class _Preparer:
         proven: list[UnsatisfiableSchemaError],
     ) -> Any:
         """:meth:`node`'s walk and rewrites; a proof of :func:`contradiction` is appended to ``proven``
-        before it is raised."""
+        before it is raised.
+
+        In order: (1) a ``$ref`` is given to the engine, or becomes an ``allOf`` branch beside other
+        keywords; (2) ``allOf`` branches are merged into the node; (3) each keyword goes to its handler
+        (subschemas are prepared there, innermost first); (4) :func:`contradiction` proves the node admits
+        no value, or not; (5) the result is rewritten: loosened where a checked keyword would widen it,
+        required keys declared, closed (closed mode), integer bounds rounded, lengths beside a pattern
+        left to the checks, ``anyOf`` distributed, each type's keywords bound to it. A node of ``type``
+        and annotations alone (:data:`_PLAIN`) takes step 3 only."""
         out: dict[str, Any] = {}
         if node.keys() <= _PLAIN:  # nothing below it, to merge, to prove or to rewrite: half of large schemas
             for key, value in node.items():

@@ -169,6 +169,12 @@ def test_auto_picks_llguidance_only_where_xgrammar_is_slow_to_compile(smol_token
     assert constrain.compile(large, smol_tokenizer, auto_limits=WAIT_FOR_XGRAMMAR).engine == "llguidance"
     unlimited = constrain.AutoLimits(rules=10**6, xgrammar_wait_s=None)
     assert constrain.compile(large, smol_tokenizer, auto_limits=unlimited).engine == "xgrammar"
+    # keys in any order: a prepared schema over 3,000 characters (here 4,175), whatever its rules
+    names = {f"{'long_property_name_' * 4}{i}": {"type": "integer"} for i in range(40)}
+    wide = {"type": "object", "properties": names, "additionalProperties": False}
+    for order, engine in (("any", "llguidance"), ("schema", "xgrammar")):
+        compiled = constrain.compile(spec(wide, property_order=order), smol_tokenizer, auto_limits=unlimited)
+        assert compiled.engine == engine, order
     increment = spec({"type": "object", "properties": {"increment": {"type": "integer"}}})
     loose = constrain.AutoLimits(excluded_keys=12, xgrammar_wait_s=None)
     assert constrain.compile(increment, smol_tokenizer, auto_limits=loose).engine == "xgrammar"

@@ -122,3 +122,22 @@ def test_compile_refuses_at_the_bound_but_serves_a_cached_constraint(runaways, m
 def test_the_bound_is_positive():
     with pytest.raises(ValueError, match="positive"):
         RunawayCompiles(0)
+
+
+def test_alongside_gives_both_results_and_the_native_calls_error_first():
+    here = threading.get_ident()
+    native_thread, python_thread = background.alongside(threading.get_ident, threading.get_ident)
+    assert python_thread == here and native_thread != here
+
+    def fails(message: str):
+        def run():
+            raise ValueError(message)
+
+        return run
+
+    with pytest.raises(ValueError, match="native"):
+        background.alongside(fails("native"), fails("python"))
+    with pytest.raises(ValueError, match="python"):
+        background.alongside(lambda: 1, fails("python"))
+    with pytest.raises(ValueError, match="native"):
+        background.alongside(fails("native"), lambda: 1)
