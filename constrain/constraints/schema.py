@@ -158,7 +158,7 @@ class _Preparer:
     def __init__(self, root: Any, lenient: bool, closed: bool) -> None:
         self.lenient = lenient
         self.closed = closed
-        self.coverage: dict[tuple[str, str], CoverageEntry] = {}
+        self.coverage: dict[tuple[str, str], tuple[Status, str]] = {}  # (pointer, keyword) -> (status, note)
         self.refs = References(root, self.schema)
         self.draft = draft_of(root)  # the draft its output is validated under: the proofs read its keywords
         # where the proofs resolve "#/..." references: nowhere when an $id below the root moves their base
@@ -168,7 +168,7 @@ class _Preparer:
         self.frames: list[dict[str, UnsatisfiableSchemaError]] = [{}]
 
     def mark(self, pointer: str, keyword: str, status: Status, note: str = "") -> None:
-        self.coverage[pointer, keyword] = CoverageEntry(pointer, keyword, status, note)
+        self.coverage[pointer, keyword] = status, note  # made CoverageEntry once, at the end (a quarter of the walk)
 
     def refuse(self, pointer: str, keyword: str, reason: str) -> None:
         """Strict: raise; lenient: record an approximation."""
@@ -182,6 +182,11 @@ class _Preparer:
         proven so); the proof is kept, by ``pointer``, in the enclosing node's frame (:attr:`frames`)."""
         if node is True:
             return {}
+        if isinstance(node, dict) and node.keys() <= _PLAIN:  # see rewrite: nothing in it can be proven or fail
+            out: dict[str, Any] = {}
+            for key, value in node.items():
+                self.keyword(key, value, node, out, pointer)
+            return out
         frame: dict[str, UnsatisfiableSchemaError] = {}
         self.frames.append(frame)
         try:
@@ -245,12 +250,8 @@ class _Preparer:
         no value, or not; (5) the result is rewritten: loosened where a checked keyword would widen it,
         required keys declared, closed (closed mode), integer bounds rounded, lengths beside a pattern
         left to the checks, ``anyOf`` distributed, each type's keywords bound to it. A node of ``type``
-        and annotations alone (:data:`_PLAIN`) takes step 3 only."""
+        and annotations alone (:data:`_PLAIN`) takes step 3 only, in :meth:`schema`."""
         out: dict[str, Any] = {}
-        if node.keys() <= _PLAIN:  # nothing below it, to merge, to prove or to rewrite: half of large schemas
-            for key, value in node.items():
-                self.keyword(key, value, node, out, pointer)
-            return out
         written, node = node, dict(node)  # `node` becomes the node with its allOf branches merged in
         referring = "$ref" in node
         if referring:
@@ -545,4 +546,5 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
         raise preparer.frames[0][""]
     if preparer.refs.alias_defs:
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
-    return prepared, tuple(sorted(preparer.coverage.values(), key=lambda e: (e.pointer, e.keyword)))
+    entries = sorted(preparer.coverage.items())  # by pointer, then keyword
+    return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
