@@ -33,10 +33,10 @@ def default_xgrammar_wait() -> float | None:
 RULES = 120
 """Default :attr:`AutoLimits.rules`, lowered from 450 on 2026-11-27 (SmolLM2's tokenizer, Intel Xeon family 6
 model 207, 2 cores; xgrammar's compile alone, one run each). Of the schemas xgrammar serves under the
-default limits, in MaskBench's 400-schema sample and in 500 other dev schemas, 2 of 246 and 2 of 298 took
+default limits, in MaskBench's 400-schema sample and in 500 other dev schemas, 2 of 246 and 2 of 296 took
 it over 40 ms in specification mode, where keys in any order make large grammars (with 450 rules: 20 and
-12), and 0 of 295 and 7 of 355 in generation mode. Of the 63 and 89 specification-mode schemas that this
-limit and :attr:`AutoLimits.string_repeat` move to llguidance, 1 and 6 had compiled in under 15 ms."""
+12), and 0 of 295 and 7 of 355 in generation mode. Of the 63 and 91 specification-mode schemas that the
+limits move to llguidance, 1 and 8 had compiled in under 15 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ class AutoLimits:
 AUTO_LIMITS = AutoLimits()
 """The default limits."""
 
-_REPEAT = re.compile(r"(?<!\w)(\w+)\{(\d+),\s*(-?\d+)\}")
+_REPEAT = re.compile(r"\{(\d+),\s*(-?\d+)\}")
 _CHARACTER_RULE = re.compile(r"^(\w+) ::= \(\(\[\^(?:[^\]\\]|\\.)*\]\)\)$", re.MULTILINE)
 """A rule that is one negated character class (any character but a few): what xgrammar repeats to bound
 a string's length. Most tokens fit it, hence the cost; a narrow class repeated (a format's ``[0-9]{4}``)
@@ -133,10 +133,18 @@ def auto_engine(constraint: Constraint, limits: AutoLimits = AUTO_LIMITS) -> str
     return "llguidance" if slow_for_xgrammar(ebnf, limits) else "xgrammar"
 
 
+def _repeated(ebnf: str, at: int) -> str:
+    """What the repetition whose ``{`` is at ``at`` repeats: a rule's name, or a group's text (from its last
+    space or parenthesis: no rule's name)."""
+    return ebnf[max(ebnf.rfind(" ", 0, at), ebnf.rfind("(", 0, at)) + 1 : at]
+
+
 def slow_for_xgrammar(ebnf: str, limits: AutoLimits = AUTO_LIMITS) -> bool:
     """Whether xgrammar's grammar ``ebnf`` reaches one of ``limits``' (long to compile)."""
     characters = {rule for rule in _CHARACTER_RULE.findall(ebnf) if not rule.startswith("basic_")}  # not digits
-    repeats = [(rule in characters, int(lo), int(hi)) for rule, lo, hi in _REPEAT.findall(ebnf)]
+    repeats = [
+        (_repeated(ebnf, found.start()) in characters, int(found[1]), int(found[2])) for found in _REPEAT.finditer(ebnf)
+    ]
     strings = {(lo, hi) for is_string, lo, hi in repeats if is_string}
     others = [(lo, hi) for is_string, lo, hi in repeats if not is_string]
     lines = ebnf.split("\n")

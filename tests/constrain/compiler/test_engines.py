@@ -380,3 +380,16 @@ def test_gemma_sentencepiece_vocabulary(gemma_tokenizer):
     compiled = constrain.compile(spec(PERSON), gemma_tokenizer, engine="llguidance")
     for text, valid in TEXTS[:4]:
         assert accepts(compiled, gemma_tokenizer, text) == valid
+
+
+def test_slow_for_xgrammar_tells_a_strings_bounds_from_other_repetitions():
+    from constrain.compiler.routing import slow_for_xgrammar
+
+    ebnf = 'root ::= (("\\"" name_chars{0, 8} "\\"") ("a" | "b"){2, 5} digits{4, 4})\n'
+    ebnf += 'name_chars ::= (([^"\\\\\\0-\\x1f]))\ndigits ::= (([0-9]))\n'
+    limits = constrain.AutoLimits(xgrammar_wait_s=None)
+    assert not slow_for_xgrammar(ebnf, limits)
+    # the string's bound (8) counts towards string_repeat, the group's and the digits' (5 + 4) towards repeat
+    assert slow_for_xgrammar(ebnf, constrain.AutoLimits(string_repeat=8, xgrammar_wait_s=None))
+    assert not slow_for_xgrammar(ebnf, constrain.AutoLimits(string_repeat=9, repeat=10, xgrammar_wait_s=None))
+    assert slow_for_xgrammar(ebnf, constrain.AutoLimits(string_repeat=9, repeat=9, xgrammar_wait_s=None))
