@@ -156,6 +156,10 @@ class JsonScan(NamedTuple):
         by the callers without a scan). O(len(data)), in C."""
         return (self[0] == IN_STRING or self[0] == IN_KEY) and b'"' not in data and b"\\" not in data
 
+    def extended(self, data: bytes) -> JsonScan:
+        """The scan after ``data`` where :meth:`extends` holds: what :meth:`feed` makes, without the scan."""
+        return JsonScan(self[0], self[1], self[2] + data)
+
     def feed(self, data: bytes, events: JsonEvents = _IGNORE, *, texts: bool = True) -> JsonScan:
         """The scan after ``data``, reporting to ``events`` what opens and completes in it. Does not
         change this scan; returns it unchanged where nothing changed. Raises :class:`JsonSyntaxError`

@@ -105,11 +105,7 @@ class KeyState:
         JSON: the grammar refuses it too)."""
         scan = self.scan
         if scan.extends(data):  # a string value's text is not kept; a key's grows
-            return (
-                self
-                if scan.mode == IN_STRING
-                else KeyState(self.vocab, JsonScan(scan.mode, scan.open, scan.text + data), self.stack)
-            )
+            return self if scan.mode == IN_STRING else KeyState(self.vocab, scan.extended(data), self.stack)
         keys = _Keys(self.stack)
         try:
             scan = self.scan.feed(data, keys, texts=False)  # keys only: a string value costs nothing per token

@@ -218,8 +218,7 @@ class ValueState:
         if scan.extends(data):
             if scan.mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
-            grown = JsonScan(scan.mode, scan.open, scan.text + data)  # what feeding it makes, without the scan
-            return ValueState(self.checks, self.vocab, grown, self.stack, self._memo), len(data)
+            return ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo), len(data)
         values = _Values(self.checks, self.stack, strict)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))

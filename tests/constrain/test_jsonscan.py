@@ -167,6 +167,7 @@ def test_a_piece_that_extends_a_string_or_key_is_what_feeding_it_makes(value, cu
         after = scan.feed(piece, recorder)
         if scan.extends(piece):
             assert after == JsonScan(scan.mode, scan.open, scan.text + piece) and not recorder.events
+            assert scan.extended(piece) == after
         scan = after
 
 
