@@ -46,6 +46,7 @@ from constrain.jsonscan import (
     JsonSyntaxError,
 )
 from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
+from constrain.match.keys import AFTER_KEPT
 from constrain.match.vocab import ValueVocab, value_vocab
 
 __all__ = [
@@ -188,6 +189,8 @@ class ValueState:
     # one entry, "candidates" (a function of the stack and the scan's mode): shared by the states after this
     # one while they keep both, so it needs no bound
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the strict states after the last few tokens asked about: a drawn token is checked, then accepted
+    _after: dict[int, ValueState | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def initial(cls, checks: Checks, info: TokenizerInfo) -> ValueState:
@@ -197,8 +200,18 @@ class ValueState:
     # -- advancing --------------------------------------------------------------------------
     def advance(self, token_id: int, *, strict: bool = True) -> ValueState | None:
         """The state after ``token_id``; None when it would complete a value that cannot be valid
-        (``strict=False``: values are taken as they are, None only for text that is not JSON)."""
-        return self.advance_bytes(self.vocab.texts[token_id], strict=strict)
+        (``strict=False``: values are taken as they are, None only for text that is not JSON).
+        Strict states are memoized per state (:data:`~constrain.match.keys.AFTER_KEPT` tokens)."""
+        if not strict:
+            return self.advance_bytes(self.vocab.texts[token_id], strict=False)
+        after = self._after
+        if token_id in after:
+            return after[token_id]
+        found = self.advance_bytes(self.vocab.texts[token_id])
+        if len(after) >= AFTER_KEPT:
+            after.clear()
+        after[token_id] = found
+        return found
 
     def advance_bytes(self, data: bytes, *, strict: bool = True) -> ValueState | None:
         """The state after ``data``; None when it would complete a value that cannot be valid, or when
@@ -405,8 +418,8 @@ class ValueState:
         ids, here = self._candidates()
         if ids is None and self.scan.mode != SCALAR:
             return False
-        if ids is not None and self.vocab.holds(ids, token) and self._violations([token]):
-            return True
+        if ids is not None and self.vocab.holds(ids, token) and self.advance(token) is None:
+            return True  # (the state after it is kept: an accepted token is not scanned again)
         if token in eos_token_ids and not self.can_end():
             return True
         if viable is None or not here or token >= len(self.vocab.texts) or not self.vocab.texts[token]:
