@@ -77,12 +77,22 @@ class LlgState:
         # the EOS that ended the state: 0 none, 1 EOS, 2 EOS taken when llguidance had already stopped
         # (it then records no step, so a rollback must not undo one for it); nothing is accepted after it
         self._end = 0
+        self._bitmask: torch.Tensor | None = None  # the last bitmask filled (checked contiguous)
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
-        row = bitmask[index]  # [ceil(V / 32)] int32, written in place by llguidance
-        if not row.is_contiguous():
-            raise ValueError("the bitmask rows must be contiguous (allocate_token_bitmask)")
-        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+    def fill_next_token_bitmask(
+        self,
+        # [B, ceil(V / 32)] int32 on the CPU; row ``index`` is written in place by llguidance
+        bitmask: torch.Tensor,
+        index: int = 0,
+    ) -> bool:
+        if bitmask is not self._bitmask:  # a row's view and its checks cost 1.7 us: checked once per tensor
+            if bitmask.dim() != 2 or not bitmask.is_contiguous():
+                raise ValueError("the bitmask must be contiguous, [B, ceil(V / 32)] (allocate_token_bitmask)")
+            self._bitmask = bitmask
+        count, words = bitmask.shape  # (read each time: llguidance writes through the pointer)
+        if not 0 <= index < count:  # (xgrammar's check too)
+            raise IndexError(f"row {index} of a bitmask of {count} rows")
+        self.matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + index * words * 4, words * 4)
         return True
 
     def accept_token(self, token_id: int) -> bool:

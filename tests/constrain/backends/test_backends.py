@@ -97,6 +97,23 @@ def test_both_engines_allow_the_text_and_fill_in_one_call(smol_tokenizer) -> Non
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_state_fills_the_row_named_of_whichever_bitmask_it_is_given(smol_tokenizer, engine: str) -> None:
+    state = _grammars(smol_tokenizer)[engine].new_state()
+    vocab_size = tokenizer_info(smol_tokenizer).vocab_size
+    expected = _allowed(state, vocab_size)  # [ceil(V / 32)] int32
+    for bitmask in (allocate_token_bitmask(3, vocab_size), allocate_token_bitmask(2, vocab_size)):
+        for index in (1, 0):  # the same state, rows and tensors in turn
+            bitmask.fill_(-1)
+            state.fill_next_token_bitmask(bitmask, index)
+            assert torch.equal(bitmask[index], expected), (bitmask.shape, index)
+            others = [row for row in range(bitmask.shape[0]) if row != index]
+            assert bool((bitmask[others] == -1).all()), "no other row is written"
+    for index in (2, -1):  # rows are named from 0, by both engines
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds|rows"):
+            state.fill_next_token_bitmask(allocate_token_bitmask(2, vocab_size), index)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 def test_special_tokens_are_never_output_text(smol_tokenizer, engine):
     """SmolLM2 names its special tokens as text (``<|im_start|>``), and xgrammar took them for text: a JSON
     string allowed them, and a detokenizer that skips special tokens then printed something else than
