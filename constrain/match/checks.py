@@ -171,9 +171,10 @@ class ValueChecks:
         """Entries of the children and verdicts memos now."""
         return len(self._children) + len(self._verdicts)
 
-    def initial_state(self, info: TokenizerInfo) -> ValueState:
-        """The scanner's state before any output, for a tokenizer."""
-        return ValueState.initial(self, info)
+    def initial_state(self, info: TokenizerInfo, *, unique_keys: bool = False) -> ValueState:
+        """The scanner's state before any output, for a tokenizer (``unique_keys``: the key guard's too,
+        see :class:`~constrain.match.values.ValueState`)."""
+        return ValueState.initial(self, info, unique_keys=unique_keys)
 
     # -- the schema graph -------------------------------------------------------------------
     def _loc(self, node: dict[str, Any]) -> int:

@@ -17,6 +17,11 @@ them again:
 Keys compare as written: a key spelled again with other escapes (``"\\u0061"`` for ``"a"``) is not
 caught. The :class:`~constrain.match.matcher.Matcher` applies this to every mask it fills and refuses such a
 token in ``accept_token``, so sampling, jump-forward, speculation and the closing path all see it.
+
+Where the schema's values are checked too, the value checks' scanner
+(:class:`~constrain.match.values.ValueState`) keeps each open object's keys as written and refuses a
+repeated one itself: one scan a token for both. A :class:`KeyState` is then made from it only to mask
+(:meth:`~constrain.match.values.ValueState.key_state`).
 """
 
 from __future__ import annotations

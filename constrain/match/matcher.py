@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 import torch
 
@@ -86,7 +86,8 @@ class Matcher:
     EOS ids are allowed exactly when the grammar can end, and accepting one
     terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
     a :class:`~constrain.match.keys.KeyState` per accepted token masks out and refuses any token that
-    would complete a key its object already has. Where the schema has keywords beyond the grammar
+    would complete a key its object already has (the value checks' scan is that guard where there are
+    both: one scan a token). Where the schema has keywords beyond the grammar
     (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token *refuses*
     any token that would complete a value that cannot be valid, or (where at most
     :data:`~constrain.match.values.LOOKAHEAD_TOKENS` tokens are allowed inside a checked value) after which
@@ -120,14 +121,19 @@ class Matcher:
         self.num_accepted = 0
         self._vocab_size = compiled.vocab_size  # (asked per token: a property of a property)
         self._ended = False  # the engine's is_terminated(), kept (asked twice per token, a call each)
-        # the key scanner after each accepted token (None: no key guard)
-        keys = KeyState.initial(compiled.tokenizer) if compiled.unique_keys else None
-        self._keys: _Trail[KeyState] | None = None if keys is None else _Trail(keys)
-        # the value scanner likewise (None: the grammar is exact)
+        # the value scanner after each accepted token (None: the grammar is exact); the key guard too
+        # where the schema's values are checked (``_guarded``)
         checks = compiled.value_checks
-        self._values: _Trail[ValueState | CallValues] | None = (
-            None if checks is None else _Trail(checks.initial_state(compiled.tokenizer))
-        )
+        self._guarded = compiled.unique_keys and isinstance(checks, ValueChecks)
+        values: ValueState | CallValues | None = None
+        if isinstance(checks, ValueChecks):
+            values = checks.initial_state(compiled.tokenizer, unique_keys=self._guarded)
+        elif checks is not None:
+            values = checks.initial_state(compiled.tokenizer)
+        self._values: _Trail[ValueState | CallValues] | None = None if values is None else _Trail(values)
+        # the key scanner likewise, where the value scanner is not it (None: no key guard)
+        keys = KeyState.initial(compiled.tokenizer) if compiled.unique_keys and not self._guarded else None
+        self._keys: _Trail[KeyState] | None = None if keys is None else _Trail(keys)
         self.dead_ends: list[int] = []  # the steps (accepted-token counts) whose token was taken at a dead end
         self._eos = compiled.tokenizer.eos_token_ids
         self._special = token_texts(compiled.tokenizer).special.difference(self._eos)  # never output text
@@ -173,9 +179,19 @@ class Matcher:
         search's fork)."""
         if self.is_terminated():
             return VIABLE
-        if self._keys is not None:
-            self._keys.state.forbid_duplicates(row)
+        guard = self._key_guard()
+        if guard is not None:
+            guard.forbid_duplicates(row)
         return self._check_values(row)
+
+    def _key_guard(self) -> KeyState | None:
+        """The key guard's state now, to mask with (None: no key guard)."""
+        if self._keys is not None:
+            return self._keys.state
+        if not self._guarded:
+            return None
+        assert self._values is not None
+        return cast(ValueState, self._values.state).key_state()
 
     def _check_values(
         self,
@@ -204,8 +220,9 @@ class Matcher:
             return bool(bitmask[0].any())
         self.fill_next_token_bitmask(bitmask, checks=False)
         row = bitmask[0]  # [ceil(V / 32)] int32
-        if self._keys is not None:
-            self._keys.state.forbid_duplicates(row)
+        guard = self._key_guard()
+        if guard is not None:
+            guard.forbid_duplicates(row)
         if self._values.state.leaves_some(row, self._eos):
             return True
         self._check_values(row)
@@ -223,22 +240,27 @@ class Matcher:
         token_id = int(token_id)
         if self._ended or token_id >= self._vocab_size:
             return True
-        keys = self._keys
+        keys, values = self._keys, self._values
         if keys is not None and token_id not in self._eos and keys.state.advance(token_id) is None:
             return False
-        if self._values is None:
+        if values is None:
             return True
+        state = values.state
+        if self._guarded and token_id not in self._eos and state.advance(token_id) is None:
+            if state.advance(token_id, strict=False) is None:  # (the strict state is kept for accept_token)
+                return False  # it completes a key its object has: the value checks' scan is the key guard
 
         def allowed() -> int:  # what the row allows once the key guard has run (exact up to LOOKAHEAD_TOKENS)
             count = count_allowed(row)
-            if keys is None or count <= LOOKAHEAD_TOKENS or count - keys.state.most_forbidden(row) > LOOKAHEAD_TOKENS:
+            guard = None if count <= LOOKAHEAD_TOKENS else self._key_guard()
+            if guard is None or count - guard.most_forbidden(row) > LOOKAHEAD_TOKENS:
                 return count  # (a bound, on the same side of LOOKAHEAD_TOKENS as the guarded count)
             guarded = row.clone()  # [ceil(V / 32)] int32
-            keys.state.forbid_duplicates(guarded)
+            guard.forbid_duplicates(guarded)
             return count_allowed(guarded)
 
         viable = None if self.searching else (lambda token: self._viable(token, 2))
-        return not self._values.state.refuses(token_id, allowed, self._eos, viable)
+        return not state.refuses(token_id, allowed, self._eos, viable)
 
     def at_dead_end(self) -> bool:
         """Whether no token the grammar allows now can lead to a valid value (see the class). Fills a
@@ -445,6 +467,7 @@ class Matcher:
         twin._ended = self._ended
         twin._vocab_size = self._vocab_size
         twin._keys = self._keys  # immutable trails: shared
+        twin._guarded = self._guarded
         twin._values = self._values
         twin.dead_ends = list(self.dead_ends)
         twin._eos = self._eos

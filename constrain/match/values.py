@@ -46,8 +46,8 @@ from constrain.jsonscan import (
     JsonSyntaxError,
 )
 from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
-from constrain.match.keys import AFTER_KEPT
-from constrain.match.vocab import ValueVocab, value_vocab
+from constrain.match.keys import AFTER_KEPT, KeyState
+from constrain.match.vocab import KeyVocab, ValueVocab, key_vocab, value_vocab
 
 __all__ = [
     "DEAD_END",
@@ -106,6 +106,7 @@ class _Frame:
     items: tuple[Any, ...] = ()  # arrays: the completed items; objects: (key, value) pairs
     key: str | None = None  # objects: the key whose value is being written
     watched: bool = False  # whether a check reads its items, or those of a container around it
+    written: frozenset[bytes] = frozenset()  # objects under the key guard: its keys so far, as written
 
     def value(self) -> Any:
         """The container as a JSON value: its completed items or members."""
@@ -118,12 +119,14 @@ class _Violation(Exception):
 
 class _Values:
     """The scan's events, as values built and checked in their containers (mutable: one per advance).
-    ``strict=False``: nothing is checked, every value is taken as it is."""
+    ``strict=False``: nothing is checked, every value is taken as it is. ``unique``: a key completed a
+    second time in its object (as written) is refused, strict or not (the key guard, see
+    :mod:`constrain.match.keys`)."""
 
-    __slots__ = ("checks", "stack", "strict")
+    __slots__ = ("checks", "stack", "strict", "unique")
 
-    def __init__(self, checks: Checks, stack: tuple[_Frame, ...], strict: bool) -> None:
-        self.checks, self.stack, self.strict = checks, stack, strict
+    def __init__(self, checks: Checks, stack: tuple[_Frame, ...], strict: bool, unique: bool = False) -> None:
+        self.checks, self.stack, self.strict, self.unique = checks, stack, strict, unique
 
     def open(self, is_object: bool) -> None:
         checks, stack = self.checks, self.stack
@@ -140,11 +143,15 @@ class _Values:
         """A completed key: checked (``propertyNames``, ``maxProperties``) where its object is checked as
         it grows."""
         stack, checks, key = self.stack, self.checks, _parse(text)
-        top = stack[-1]
+        top, written = stack[-1], stack[-1].written
+        if self.unique:
+            if text[1:-1] in written:
+                raise _Violation
+            written = written | {text[1:-1]}
         if self.strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
-        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched))
+        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched, written))
 
     def value(self, text: bytes) -> None:
         self._complete(_parse(text))
@@ -160,7 +167,7 @@ class _Values:
             return
         top = stack[-1]
         item = (top.key, value) if top.is_object else value
-        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched)
+        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched, top.written)
         if (
             self.strict
             and checks.grows_checked(top.location)
@@ -191,11 +198,22 @@ class ValueState:
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # the strict states after the last few tokens asked about: a drawn token is checked, then accepted
     _after: dict[int, ValueState | None] = field(default_factory=dict, compare=False, repr=False)
+    # the key guard's vocabulary, where this scan is the key guard too (one scan a token for both): keys
+    # completed twice in an object are refused, and :meth:`key_state` masks them out
+    key_vocab: KeyVocab | None = None
 
     @classmethod
-    def initial(cls, checks: Checks, info: TokenizerInfo) -> ValueState:
-        """The state before any output, for ``checks`` and a tokenizer."""
-        return cls(checks, value_vocab(info))
+    def initial(cls, checks: Checks, info: TokenizerInfo, *, unique_keys: bool = False) -> ValueState:
+        """The state before any output, for ``checks`` and a tokenizer (``unique_keys``: the key guard's
+        too)."""
+        return cls(checks, value_vocab(info), key_vocab=key_vocab(info) if unique_keys else None)
+
+    def key_state(self) -> KeyState:
+        """The key guard's state where this scan is the key guard too (``key_vocab``): the keys as written
+        of every open object, to mask (:meth:`KeyState.forbid_duplicates`)."""
+        assert self.key_vocab is not None, "a ValueState made without unique_keys is no key guard"
+        stack = tuple(frame.written if frame.is_object else None for frame in self.stack)
+        return KeyState(self.key_vocab, self.scan, stack)
 
     # -- advancing --------------------------------------------------------------------------
     def advance(self, token_id: int, *, strict: bool = True) -> ValueState | None:
@@ -231,8 +249,8 @@ class ValueState:
         if scan.extends(data):
             if scan.mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
-            return ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo), len(data)
-        values = _Values(self.checks, self.stack, strict)
+            return self._after_scan(scan.extended(data), self.stack, self._memo), len(data)
+        values = _Values(self.checks, self.stack, strict, self.key_vocab is not None)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
         except (_Violation, JsonSyntaxError):
@@ -245,8 +263,12 @@ class ValueState:
         ):
             return None, 0  # a number no digit can make valid (multipleOf): refused as it is written
         if values.stack is self.stack and scan.mode == self.scan.mode:  # the same candidates: share them
-            return ValueState(self.checks, self.vocab, scan, values.stack, self._memo), read
-        return ValueState(self.checks, self.vocab, scan, values.stack), read
+            return self._after_scan(scan, values.stack, self._memo), read
+        return self._after_scan(scan, values.stack, {}), read
+
+    def _after_scan(self, scan: JsonScan, stack: tuple[_Frame, ...], memo: dict[str, Any]) -> ValueState:
+        """A state of this one's checks and vocabularies, at ``scan`` with ``stack``, sharing ``memo``."""
+        return ValueState(self.checks, self.vocab, scan, stack, memo, key_vocab=self.key_vocab)
 
     def can_end(self) -> bool:
         """Whether the output may end here (a root scalar being written is completed first)."""

@@ -109,7 +109,7 @@ def test_a_state_fills_the_row_named_of_whichever_bitmask_it_is_given(smol_token
             others = [row for row in range(bitmask.shape[0]) if row != index]
             assert bool((bitmask[others] == -1).all()), "no other row is written"
     for index in (2, -1):  # rows are named from 0, by both engines
-        with pytest.raises((IndexError, RuntimeError), match="out of bounds|rows"):
+        with pytest.raises((IndexError, RuntimeError), match=r"out of bounds|rows"):
             state.fill_next_token_bitmask(allocate_token_bitmask(2, vocab_size), index)
 
 

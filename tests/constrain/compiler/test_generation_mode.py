@@ -11,6 +11,7 @@ import pytest
 
 import constrain
 from constrain.generation import generate
+from constrain.match.bitmask import is_allowed
 from constrain.serving.protocol import ChatCompletionRequest, chat_requests
 from constrain.testing import allowed_ids, token_ids, walk
 
@@ -115,11 +116,14 @@ def test_closed_holds_on_the_llguidance_path(smol_tokenizer):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("mode", ["generation", "specification"])
-def test_duplicate_keys_masked(smol_tokenizer, engine, mode):
-    """Finding 3: wherever another key may be any string, the mask refuses a key written before."""
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}}
+@pytest.mark.parametrize("checked", [False, True], ids=["grammar only", "values checked"])
+def test_duplicate_keys_masked(smol_tokenizer, engine, mode, checked):
+    """Finding 3: wherever another key may be any string, the mask refuses a key written before; where
+    values are checked too, the value checks' scan is the key guard (one scan a token): the same verdicts."""
+    extra = {"type": "integer", "not": {"const": 5}} if checked else {"type": "integer"}  # ``not``: checked
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": extra}
     compiled = constrain.compile(constrain.json_schema(schema, mode=mode), smol_tokenizer, engine=engine)
-    assert compiled.unique_keys
+    assert compiled.unique_keys and (compiled.value_checks is not None) == checked
     for text in ('{"a": 1, "a": 2}', '{"a": 1, "b": 2, "b": 3}', '{"b": 2, "a": 1, "b": 3}'):
         assert not _accepts(compiled, smol_tokenizer, text), text
     for text in ('{"a": 1, "b": 2, "bb": 3}', '{"a": 1, "ab": 2}'):
@@ -133,7 +137,11 @@ def test_duplicate_keys_masked(smol_tokenizer, engine, mode):
     closing = [t for t in allowed if smol_tokenizer.decode([t]).startswith('"')]
     assert not closing
     assert any(smol_tokenizer.decode([t]) == "b" for t in allowed)  # "bb" is still a new key
-    assert not matcher.accept_token(smol_tokenizer.convert_tokens_to_ids('":'))
+    quote = smol_tokenizer.convert_tokens_to_ids('":')
+    matcher.fill_next_token_bitmask(bitmask, checks=False)  # the grammar's row, and the drawn token's check
+    assert is_allowed(bitmask[0], quote) and not matcher.allows(quote, bitmask[0])
+    assert not matcher.accept_token(quote)
+    assert matcher.allows(smol_tokenizer.convert_tokens_to_ids("b"), bitmask[0])
 
 
 def test_duplicate_keys_masked_across_nesting_rollback_and_fork(smol_tokenizer):
