@@ -77,7 +77,7 @@ class LlgState:
         # the EOS that ended the state: 0 none, 1 EOS, 2 EOS taken when llguidance had already stopped
         # (it then records no step, so a rollback must not undo one for it); nothing is accepted after it
         self._end = 0
-        self._bitmask: torch.Tensor | None = None  # the last bitmask filled (checked contiguous)
+        self._bitmask: torch.Tensor | None = None  # the last bitmask filled (its dtype and device checked)
 
     def fill_next_token_bitmask(
         self,
@@ -85,11 +85,15 @@ class LlgState:
         bitmask: torch.Tensor,
         index: int = 0,
     ) -> bool:
-        if bitmask is not self._bitmask:  # a row's view and its checks cost 1.7 us: checked once per tensor
-            if bitmask.dim() != 2 or not bitmask.is_contiguous():
-                raise ValueError("the bitmask must be contiguous, [B, ceil(V / 32)] (allocate_token_bitmask)")
+        # a row's view and its checks cost 1.7 us a call: dtype and device (fixed) are read once per tensor,
+        # the shape and layout (which an in-place resize changes) each time: llguidance writes through the pointer
+        if bitmask is not self._bitmask:
+            if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu":
+                raise ValueError("fill an int32 bitmask on the CPU (allocate_token_bitmask), then move it")
             self._bitmask = bitmask
-        count, words = bitmask.shape  # (read each time: llguidance writes through the pointer)
+        count, words = bitmask.shape
+        if not bitmask.is_contiguous():
+            raise ValueError("the bitmask must be contiguous, [B, ceil(V / 32)] (allocate_token_bitmask)")
         if not 0 <= index < count:  # (xgrammar's check too)
             raise IndexError(f"row {index} of a bitmask of {count} rows")
         self.matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + index * words * 4, words * 4)

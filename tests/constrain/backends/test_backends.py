@@ -111,6 +111,11 @@ def test_a_state_fills_the_row_named_of_whichever_bitmask_it_is_given(smol_token
     for index in (2, -1):  # rows are named from 0, by both engines
         with pytest.raises((IndexError, RuntimeError), match=r"out of bounds|rows"):
             state.fill_next_token_bitmask(allocate_token_bitmask(2, vocab_size), index)
+    with pytest.raises((ValueError, RuntimeError), match="int32"):  # llguidance writes through the pointer
+        state.fill_next_token_bitmask(allocate_token_bitmask(2, vocab_size).to(torch.int16), 0)
+    if engine == "llguidance":  # (xgrammar 0.2.8 fills a column slice's rows at the wrong places)
+        with pytest.raises(ValueError, match="contiguous"):
+            state.fill_next_token_bitmask(allocate_token_bitmask(2, vocab_size + 64)[:, :-2], 0)
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
