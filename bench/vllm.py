@@ -12,23 +12,30 @@ The packaged SmolLM2 is exported (``constrain.export_model``, float32) and serve
 The requests: ``--schemas`` MaskBench dev schemas (a seeded sample of those under 2,000 characters), each
 prompted "write a JSON instance of this schema", greedy, ``max_tokens``, sent with the ``openai`` client
 ``--concurrency`` at a time; each configuration first sends every request once with ``max_tokens=1`` (so
-schemas compile before the timed run). A request the server refuses counts as refused, not valid.
-Prints output tokens/s (completion tokens over the wall clock of the timed run), valid outputs
-(``jsonschema``, formats asserted), outputs ended by ``max_tokens``, and each run's tokens/s as a share
-of vLLM xgrammar's.
+schemas compile before the timed runs). A request the server refuses counts as refused, not valid.
 
-Usage: ``.venv-vllm/bin/python bench/vllm.py [--schemas 16] [--max-tokens 128] [--concurrency 4]``
+The three servers run at once (idle but for the run being timed), and the timed runs go round robin,
+``--repeats`` rounds: a drift of the machine touches every configuration alike. Prints, per configuration,
+output tokens/s (completion tokens over the wall clock of a timed run: the median of the rounds, with
+their lowest and highest), valid outputs (``jsonschema``, formats asserted), outputs ended by
+``max_tokens``, and tokens/s as a share of vLLM xgrammar's in the same round (the median of the rounds,
+with their lowest and highest). Greedy decoding writes the same tokens every round: the counts are the
+first round's, and a round that differs is reported.
+
+Usage: ``.venv-vllm/bin/python bench/vllm.py [--schemas 16] [--max-tokens 128] [--concurrency 4] [--repeats 3]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,7 +86,11 @@ class Server:
         self.log = open(folder.parent / f"vllm-{self.port}.log", "w")  # kept open while it runs
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> Server:
+        return self
+
+    def wait(self) -> str:
+        """The server's URL once it answers (exits the benchmark if it does not start)."""
         import openai
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
@@ -100,8 +111,11 @@ class Server:
         self.log.close()
 
 
-async def run(url: str, chosen: list[dict[str, Any]], style: str, max_tokens: int, concurrency: int) -> dict[str, Any]:
-    """Every request once (``max_tokens``), ``concurrency`` at a time: tokens, seconds, valid, cut, refused."""
+async def run(
+    url: str, chosen: list[dict[str, Any]], style: str, max_tokens: int, concurrency: int, *, warm: bool
+) -> dict[str, Any]:
+    """Every request once (``max_tokens``), ``concurrency`` at a time: tokens, seconds, valid, cut, refused.
+    ``warm``: first every request with ``max_tokens=1`` (compiles every schema), untimed."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
@@ -126,7 +140,8 @@ async def run(url: str, chosen: list[dict[str, Any]], style: str, max_tokens: in
         return tokens, valid(schema, choice.message.content or ""), choice.finish_reason == "length", False
 
     try:
-        await asyncio.gather(*(one(s, 1) for s in chosen))  # compiles every schema
+        if warm:
+            await asyncio.gather(*(one(s, 1) for s in chosen))  # compiles every schema
         start = time.perf_counter()
         results = await asyncio.gather(*(one(s, max_tokens) for s in chosen))
         seconds = time.perf_counter() - start
@@ -143,6 +158,7 @@ def main() -> None:
     parser.add_argument("--schemas", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds, round robin over the configurations")
     args = parser.parse_args()
 
     import vllm
@@ -153,25 +169,48 @@ def main() -> None:
     chosen = schemas(args.schemas)
     folder = constrain.export_model("smollm2-135m-instruct", Path(tempfile.mkdtemp()) / "m", dtype="float32")
     print(f"vLLM {vllm.__version__}'s OpenAI server, SmolLM2-135M float32, {len(chosen)} MaskBench schemas, greedy, "
-          f"max_tokens={args.max_tokens}, {args.concurrency} at a time\n")  # fmt: skip
-    print("| run | output tokens | s | tokens/s | valid outputs | ended by max_tokens | refused | vs vLLM xgrammar |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"max_tokens={args.max_tokens}, {args.concurrency} at a time; the servers run at once, "
+          f"{args.repeats} timed rounds round robin\n")  # fmt: skip
     xgrammar = ["--structured-outputs-config", '{"backend": "xgrammar"}']
     configurations = [
         ("vLLM xgrammar", [*xgrammar, "--logits-processors", PROCESSOR], {}, ["response_format", "processor"]),
         ("vLLM guidance", ["--structured-outputs-config", '{"backend": "guidance"}'], {}, ["response_format"]),
         ("constrain backend", [], {"CONSTRAIN_VLLM": "1"}, ["response_format"]),
     ]
-    base = None
-    for name, server_args, env, styles in configurations:
-        with Server(folder, server_args, env) as url:
-            for style in styles:
-                label = "constrain processor" if style == "processor" else name
-                r = asyncio.run(run(url, chosen, style, args.max_tokens, args.concurrency))
-                rate = r["tokens"] / r["seconds"]
-                base = rate if base is None else base
-                print(f"| {label} | {r['tokens']} | {r['seconds']:.1f} | {rate:.1f} | {r['valid']} of {len(chosen)} "
-                      f"| {r['cut']} | {r['refused']} | {rate / base:.0%} |", flush=True)  # fmt: skip
+    runs: list[tuple[str, str, str]] = []  # (label, url, style), vLLM xgrammar's first
+    with contextlib.ExitStack() as stack:
+        servers = [  # each stopped on the way out
+            (name, stack.enter_context(Server(folder, server_args, env)), styles)
+            for name, server_args, env, styles in configurations
+        ]
+        for name, server, styles in servers:
+            url = server.wait()
+            runs += [("constrain processor" if style == "processor" else name, url, style) for style in styles]
+        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in runs}
+        for round_ in range(args.repeats):
+            for label, url, style in runs:
+                rounds[label].append(
+                    asyncio.run(run(url, chosen, style, args.max_tokens, args.concurrency, warm=round_ == 0))
+                )
+    print("| run | output tokens | tokens/s (lowest to highest) | valid outputs | ended by max_tokens | refused "
+          "| vs vLLM xgrammar (lowest to highest) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    base = [r["tokens"] / r["seconds"] for r in rounds[runs[0][0]]]
+    for label, results in rounds.items():
+        rates = [r["tokens"] / r["seconds"] for r in results]
+        shares = [rate / b for rate, b in zip(rates, base, strict=True)]
+        first = results[0]
+        counts = ("tokens", "valid", "cut", "refused")
+        differs = [i for i, r in enumerate(results) if any(r[k] != first[k] for k in counts)]
+        note = f" (rounds {differs} differ: {[[r[k] for k in counts] for r in results]})" if differs else ""
+        print(f"| {label} | {first['tokens']} | {_spread(rates, '{:.1f}')} | {first['valid']} of {len(chosen)} "
+              f"| {first['cut']} | {first['refused']} | {_spread(shares, '{:.0%}')} |{note}", flush=True)  # fmt: skip
+
+
+def _spread(values: list[float], form: str) -> str:
+    """The median of ``values`` with their lowest and highest, each written with ``form``."""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{form.format(mid)} ({form.format(low)} to {form.format(high)})"
 
 
 if __name__ == "__main__":
