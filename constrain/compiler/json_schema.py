@@ -6,10 +6,9 @@ these passes, in this order:
 
 1. :func:`constrain.json_schema` checks the schema against its draft's metaschema.
 2. :func:`prepared` (:func:`constrain.constraints.schema.prepare`) rewrites it for the engines in one walk,
-   and says per keyword whether the grammar enforces it (the coverage). Per node, innermost first:
-   references (:mod:`~constrain.constraints.schema_refs`), then ``allOf`` merged, then each keyword, then
-   the proof that the node admits no value (:mod:`~constrain.constraints.schema_unsatisfiable`), then the
-   rewrites of the result (:mod:`~constrain.constraints.schema_rewrites`).
+   and says per keyword whether the grammar enforces it (the coverage). Per node, innermost first, five
+   steps in order (listed in :mod:`constrain.constraints.schema`): references, ``allOf`` merged, each
+   keyword, the proof that the node admits no value, the result rewritten for the engines.
 3. :func:`~constrain.compiler.routing.auto_engine` picks the engine, from the prepared schema and
    :func:`json_schema_ebnf`.
 4. The engine's input: :func:`json_schema_ebnf` (xgrammar) or :func:`llguidance_schema`, each adding to

@@ -25,9 +25,22 @@ branch dropped) or loses its value with it (a required key, the only type it all
 admits no value, :func:`prepare` raises :class:`~constrain.errors.UnsatisfiableSchemaError` naming the
 keyword, in lenient mode too: no output is valid, so there is nothing to approximate.
 
-This module holds the contract and the walk that dispatches each keyword (``_Preparer._HANDLERS``);
-the rewrites themselves are pure functions in :mod:`~constrain.constraints.schema_rewrites`, and
-local ``$ref`` resolution (anchors, aliases, ``allOf`` inlining) is :mod:`~constrain.constraints.schema_refs`.
+One walk prepares the schema, node by node, innermost first (a node's steps 4 and 5 need what became of
+its subschemas: one that admits no value changes its parent). Each node takes five steps, in this order
+(:meth:`_Preparer.rewrite`), each a method of the walk with its section below:
+
+1. references: a ``$ref`` is given to the engine, or becomes an ``allOf`` branch beside other keywords
+   (resolution, anchors and aliases: :mod:`~constrain.constraints.schema_refs`);
+2. ``allOf``: the branches merged into the node (:meth:`~constrain.constraints.schema_refs.References.merge_all_of`,
+   by :func:`~constrain.constraints.schema_rewrites.merge_into`);
+3. each keyword to its handler (``_Preparer._HANDLERS``, then the keyword sets below), which prepares the
+   subschemas under it and says what the engine enforces;
+4. the proof that the node admits no value, or none (:mod:`~constrain.constraints.schema_unsatisfiable`);
+5. the result rewritten for the engines (:meth:`_Preparer.finish`; the rewrites themselves are pure
+   functions of :mod:`~constrain.constraints.schema_rewrites`).
+
+Before the walk, :func:`~constrain.constraints.schema_refs.resolve_from_resources` makes the references
+inside nested schema resources absolute; after it, the aliases step 1 made are added to the root's ``$defs``.
 """
 
 from __future__ import annotations
@@ -241,75 +254,22 @@ class _Preparer:
         frame: dict[str, UnsatisfiableSchemaError],
         proven: list[UnsatisfiableSchemaError],
     ) -> Any:
-        """:meth:`node`'s walk and rewrites; a proof of :func:`contradiction` is appended to ``proven``
-        before it is raised.
-
-        In order: (1) a ``$ref`` is given to the engine, or becomes an ``allOf`` branch beside other
-        keywords; (2) ``allOf`` branches are merged into the node; (3) each keyword goes to its handler
-        (subschemas are prepared there, innermost first); (4) :func:`contradiction` proves the node admits
-        no value, or not; (5) the result is rewritten: loosened where a checked keyword would widen it,
-        required keys declared, closed (closed mode), integer bounds rounded, lengths beside a pattern
-        left to the checks, ``anyOf`` distributed, each type's keywords bound to it. A node of ``type``
-        and annotations alone (:data:`_PLAIN`) takes step 3 only, in :meth:`schema`."""
+        """:meth:`node`'s five steps, in order; subschemas are prepared in step 3 (innermost first), so
+        steps 4 and 5 see what became of them. A proof of step 4 is appended to ``proven`` before it is
+        raised. A node of ``type`` and annotations alone (:data:`_PLAIN`) takes step 3 only, in :meth:`schema`."""
         out: dict[str, Any] = {}
         written, node = node, dict(node)  # `node` becomes the node with its allOf branches merged in
         referring = "$ref" in node
         if referring:
-            self.reference(node, out, pointer)
-        inlined: list[str] = []
-        says_open = says_what_else(node)  # before allOf merges, which drop additionalProperties
-        if "allOf" in node:
-            node, inlined, exact = self.refs.merge_all_of(node, pointer)
-            note = "branches merged" + ("" if exact else " into a superset")
-            self.mark(pointer, "allOf", "enforced" if exact else "checked", note)
-        expanding = self.refs.expanding
-        expanding.extend(inlined)  # a recursive allOf must not inline these again below
-        try:
-            if "enum" in node or "const" in node:
-                self.literal(node, out, pointer)
-            for key, value in node.items():
-                if key not in out and key not in ("$ref", "enum", "const", "allOf"):
-                    self.keyword(key, value, node, out, pointer)
-        finally:
-            del expanding[len(expanding) - len(inlined) :]
+            self.reference(node, out, pointer)  # 1. to the engine, or an allOf branch beside other keywords
+        says_open = says_what_else(node)  # (for step 5, before step 2's merges drop additionalProperties)
+        node, inlined = self.merge_all_of(node, pointer)  # 2. allOf branches merged into the node
+        self.keywords(node, out, pointer, inlined)  # 3. each keyword to its handler
         if not (referring and self.draft < 2019):  # before 2019-09, $ref alone counts beside other keywords
-            proof = contradiction(node, pointer, frame, self.proof_root, self.draft, written)
-            if proof is not None:
-                proven.append(proof)
-                raise proof
-        self.loosen_for_checked(node, out, pointer)
-        declare_required(node, out)
-        if self.closed and not says_open:
-            self.close(node, out, pointer)
-        round_integer_bounds(out)
-        if ("pattern" in out or "format" in out) and ("minLength" in out or "maxLength" in out):
-            for key in ("minLength", "maxLength"):  # the engine drops lengths beside a pattern or format
-                if out.pop(key, None) is not None:
-                    self.mark(pointer, key, "checked", "beside a pattern or format: validated afterwards")
-        notes: list[str] = []
-        out = distribute_any_of(out, pointer, notes)
-        for note in notes:
-            self.mark(pointer, "anyOf", "checked", note)
-        return split_by_type(out)
+            self.prove(node, pointer, frame, written, proven)  # 4. no value admitted, or not proven so
+        return self.finish(node, out, pointer, says_open)  # 5. the result rewritten for the engines
 
-    def keyword(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
-        handler = self._HANDLERS.get(key)
-        if handler is not None:
-            handler(self, key, value, node, out, f"{pointer}/{key}", pointer)
-        elif key in ENFORCED:
-            out[key] = value
-            self.mark(pointer, key, "enforced")
-        elif key in OTHER_DRAFTS and (self.draft >= 2019) == OTHER_DRAFTS[key]:
-            self.mark(pointer, key, "ignored", f"not a keyword of the schema's draft ({self.draft})")
-        elif key in CHECKED:
-            self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
-        elif key in ANNOTATIONS:
-            self.mark(pointer, key, "ignored", "annotation")
-        elif key in ("$dynamicRef", "$recursiveRef"):
-            self.refuse(pointer, key, "dynamic references are not supported")
-        else:
-            self.mark(pointer, key, "ignored", "unknown keyword")
-
+    # -- 1. references ----------------------------------------------------------------------
     def reference(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         """A ``$ref`` the engine can follow goes to ``out``; beside other keywords it becomes an ``allOf``
         branch of ``node`` (changed in place); a reference that cannot be resolved here is refused."""
@@ -332,7 +292,55 @@ class _Preparer:
             node["allOf"] = [{"$ref": ref}, siblings]
             del out["$ref"]
 
-    # -- enum / const -----------------------------------------------------------------------
+    # -- 2. allOf ---------------------------------------------------------------------------
+    def merge_all_of(self, node: dict[str, Any], pointer: str) -> tuple[dict[str, Any], list[str]]:
+        """``node`` with its ``allOf`` branches merged in (:meth:`References.merge_all_of`: a new dict;
+        ``node`` itself where it has none), and the references inlined doing so."""
+        if "allOf" not in node:
+            return node, []
+        node, inlined, exact = self.refs.merge_all_of(node, pointer)
+        self.mark(
+            pointer,
+            "allOf",
+            "enforced" if exact else "checked",
+            "branches merged" + ("" if exact else " into a superset"),
+        )
+        return node, inlined
+
+    # -- 3. each keyword --------------------------------------------------------------------
+    def keywords(self, node: dict[str, Any], out: dict[str, Any], pointer: str, inlined: list[str]) -> None:
+        """Each keyword of ``node`` (the literals first) to its handler, which writes ``out``; the
+        references step 2 inlined (``inlined``) are not inlined again below (a recursive ``allOf``)."""
+        expanding = self.refs.expanding
+        expanding.extend(inlined)
+        try:
+            if "enum" in node or "const" in node:
+                self.literal(node, out, pointer)
+            for key, value in node.items():
+                if key not in out and key not in ("$ref", "enum", "const", "allOf"):
+                    self.keyword(key, value, node, out, pointer)
+        finally:
+            del expanding[len(expanding) - len(inlined) :]
+
+    def keyword(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+        handler = self._HANDLERS.get(key)
+        if handler is not None:
+            handler(self, key, value, node, out, f"{pointer}/{key}", pointer)
+        elif key in ENFORCED:
+            out[key] = value
+            self.mark(pointer, key, "enforced")
+        elif key in OTHER_DRAFTS and (self.draft >= 2019) == OTHER_DRAFTS[key]:
+            self.mark(pointer, key, "ignored", f"not a keyword of the schema's draft ({self.draft})")
+        elif key in CHECKED:
+            self.mark(pointer, key, "checked", "the grammar accepts a superset; validated afterwards")
+        elif key in ANNOTATIONS:
+            self.mark(pointer, key, "ignored", "annotation")
+        elif key in ("$dynamicRef", "$recursiveRef"):
+            self.refuse(pointer, key, "dynamic references are not supported")
+        else:
+            self.mark(pointer, key, "ignored", "unknown keyword")
+
+    # -- 3. enum and const ----------------------------------------------------------------
     def literal(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         for key in ("const", "enum"):
             if key not in node:
@@ -348,7 +356,7 @@ class _Preparer:
                 out["anyOf"] = [literal_schema(v) for v in values]
             self.mark(pointer, key, "enforced")
 
-    # -- per-keyword handlers ---------------------------------------------------------------
+    # -- 3. the other keywords' handlers -----------------------------------------------------
     def _properties(self, key: str, value: Any, node: dict[str, Any], out: dict[str, Any], ptr: str, at: str) -> None:
         if not isinstance(value, dict):
             raise SchemaError("properties must be an object", at)
@@ -503,6 +511,44 @@ class _Preparer:
         "exclusiveMaximum": _number_bound,
         "patternProperties": _pattern_properties,
     }
+
+    # -- 4. no value ------------------------------------------------------------------------
+    def prove(
+        self,
+        node: dict[str, Any],
+        pointer: str,
+        frame: dict[str, UnsatisfiableSchemaError],
+        written: dict[str, Any],
+        proven: list[UnsatisfiableSchemaError],
+    ) -> None:
+        """Raise the proof of :func:`contradiction` (appended to ``proven``) where ``node`` (its allOf
+        merged; ``written``: as the schema has it) admits no value, ``frame`` holding its subschemas' proofs."""
+        proof = contradiction(node, pointer, frame, self.proof_root, self.draft, written)
+        if proof is not None:
+            proven.append(proof)
+            raise proof
+
+    # -- 5. the result, rewritten for the engines -------------------------------------------
+    def finish(self, node: dict[str, Any], out: dict[str, Any], pointer: str, says_open: bool) -> Any:
+        """``out`` rewritten, in this order: loosened where a checked keyword would widen it, required keys
+        declared, closed (closed mode, where ``node`` does not say what else it holds: ``says_open``),
+        integer bounds rounded, lengths beside a pattern or format left to the checks, ``anyOf``
+        distributed over the keywords beside it, each type's keywords bound to it. Returns the node
+        prepared (``out`` is changed in place on the way)."""
+        self.loosen_for_checked(node, out, pointer)
+        declare_required(node, out)
+        if self.closed and not says_open:
+            self.close(node, out, pointer)
+        round_integer_bounds(out)
+        if ("pattern" in out or "format" in out) and ("minLength" in out or "maxLength" in out):
+            for key in ("minLength", "maxLength"):  # the engine drops lengths beside a pattern or format
+                if out.pop(key, None) is not None:
+                    self.mark(pointer, key, "checked", "beside a pattern or format: validated afterwards")
+        notes: list[str] = []
+        out = distribute_any_of(out, pointer, notes)
+        for note in notes:
+            self.mark(pointer, "anyOf", "checked", note)
+        return split_by_type(out)
 
     def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
         """Keep the grammar a superset where a dropped keyword would have widened what is allowed."""
