@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 import threading
 import weakref
@@ -158,6 +159,7 @@ class ValueChecks:
         self._members: dict[tuple[int, str], Dnf] = {}  # per subschema index and declared property, its location
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
+        self._string_bounds: dict[Dnf, int | None] = {}  # per location, ``string_bound``
         self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
         self.hits = 0  # of the children and verdicts memos
@@ -209,10 +211,13 @@ class ValueChecks:
             stack += subs
         self._edges = edges
         for pointer, keyword in checked:
+            if pointer == "" and keyword in everywhere:
+                continue  # schema-wide: each subschema holding the keyword has it above
             node, exact = self._deepest(pointer)
             if not isinstance(node, dict):
                 continue
-            index, known = self._loc(node), self._loose.get(index, set())
+            index = self._loc(node)
+            known = self._loose.get(index, set())
             # a keyword of that very subschema; else (a place the preparer made): all of it is checked
             self._loose[index] = None if known is None or not exact or keyword not in node else known | {keyword}
         self._own = frozenset(self._loose)
@@ -433,6 +438,32 @@ class ValueChecks:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
+
+    def string_bound(self, location: Dnf) -> int | None:
+        """The most characters a string at ``location`` may hold, where its ``maxLength`` is beyond the
+        grammar (checked as the string is written: :mod:`constrain.match.lengths`): the largest that any
+        alternative allows. None where some alternative has no such bound (the grammar's, if any, holds)."""
+        if location in self._string_bounds:
+            return self._string_bounds[location]
+        found: int | None = None
+        for alternative in location:
+            limits = [limit for index in alternative if (limit := self._checked_length(index)) is not None]
+            if not limits:
+                found = None
+                break
+            found = max(found or 0, min(limits))
+        if len(self._string_bounds) >= MEMO_ENTRIES:
+            self._string_bounds.clear()
+        self._string_bounds[location] = found
+        return found
+
+    def _checked_length(self, index: int) -> int | None:
+        """Subschema ``index``'s ``maxLength`` where it is beyond the grammar, else None."""
+        limit, loose = self.nodes[index].get("maxLength"), self._loose.get(index, set())
+        if loose is not None and "maxLength" not in loose:
+            return None
+        number = isinstance(limit, (int, float)) and not isinstance(limit, bool)
+        return math.floor(limit) if number and limit >= 0 else None
 
     def _number_alternatives(self, location: Dnf) -> list[list[NumberBounds]] | None:
         """Per alternative of ``location``, its subschemas' :class:`NumberBounds`; None where some

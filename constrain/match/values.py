@@ -47,6 +47,7 @@ from constrain.jsonscan import (
 )
 from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
 from constrain.match.keys import AFTER_KEPT, KeyState
+from constrain.match.lengths import written_length
 from constrain.match.vocab import KeyVocab, ValueVocab, key_vocab, value_vocab
 
 __all__ = [
@@ -90,6 +91,8 @@ class Checks(Protocol):
     def number_viable(self, location: Dnf, text: bytes) -> bool: ...
 
     def number_checked(self, location: Dnf) -> bool: ...
+
+    def string_bound(self, location: Dnf) -> int | None: ...
 
 
 # -- the scanner ------------------------------------------------------------------------------
@@ -249,7 +252,8 @@ class ValueState:
         if scan.extends(data):
             if scan.mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
-            return self._after_scan(scan.extended(data), self.stack, self._memo), len(data)
+            after = self._after_scan(scan.extended(data), self.stack, self._memo)
+            return (None, 0) if strict and after._too_long() else (after, len(data))
         values = _Values(self.checks, self.stack, strict, self.key_vocab is not None)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
@@ -262,13 +266,50 @@ class ValueState:
             and not self.checks.number_viable(_location(self.checks, values.stack), scan.text)
         ):
             return None, 0  # a number no digit can make valid (multipleOf): refused as it is written
-        if values.stack is self.stack and scan.mode == self.scan.mode:  # the same candidates: share them
-            return self._after_scan(scan, values.stack, self._memo), read
-        return self._after_scan(scan, values.stack, {}), read
+        shared = values.stack is self.stack and scan.mode == self.scan.mode  # the same candidates: share them
+        after = self._after_scan(scan, values.stack, self._memo if shared else {})
+        return (None, 0) if strict and after._too_long() else (after, read)
 
     def _after_scan(self, scan: JsonScan, stack: tuple[_Frame, ...], memo: dict[str, Any]) -> ValueState:
         """A state of this one's checks and vocabularies, at ``scan`` with ``stack``, sharing ``memo``."""
         return ValueState(self.checks, self.vocab, scan, stack, memo, key_vocab=self.key_vocab)
+
+    def _string_bound(self) -> int | None:
+        """The checked ``maxLength`` of the string value being written (:meth:`Checks.string_bound`), or
+        None: none, or no string value is being written."""
+        if self.scan.mode != IN_STRING and self.scan.mode != STRING_ESCAPE:
+            return None
+        memo = self._memo  # (a function of the stack and the mode, as the candidates are)
+        if "bound" not in memo:
+            memo["bound"] = self.checks.string_bound(_location(self.checks, self.stack))
+        return memo["bound"]  # type: ignore[no-any-return]
+
+    def _too_long(self) -> bool:
+        """Whether the string value being written holds more characters than its checked ``maxLength``
+        already (:func:`~constrain.match.lengths.written_length`): no way of going on makes it valid."""
+        bound = self._string_bound()
+        return bound is not None and written_length(self.scan.text[1:])[0] > bound
+
+    def _overflowing(
+        self,
+        # [ceil(V' / 32)] int32: a mask row's words (read only)
+        words: np.ndarray,
+    ) -> np.ndarray | None:
+        """``[ceil(V' / 32)]`` int32: the tokens ``words`` allows that would take the string value being
+        written past its checked ``maxLength``; None where there are none: the vocabulary's lengths after the
+        text's unsettled tail decide at once (:meth:`~constrain.match.vocab.ValueVocab.longer_than`)."""
+        bound = self._string_bound()
+        if bound is None:
+            return None
+        content = self.scan.text[1:]
+        count, settled = written_length(content)
+        tail = content[settled:]  # an escape or a character begun (counted already), or b""
+        longer = self.vocab.longer_than(bound - count, tail)  # [ceil(V / 32)] uint32, or None
+        if longer is None:
+            return None
+        found = np.zeros_like(words)  # [ceil(V' / 32)] int32
+        found[: len(longer)] = words[: len(longer)] & longer.view(np.int32)
+        return found if found.any() else None
 
     def can_end(self) -> bool:
         """Whether the output may end here (a root scalar being written is completed first)."""
@@ -346,6 +387,11 @@ class ValueState:
         if ids is None and self.scan.mode != SCALAR:
             return VIABLE
         words = row.numpy()  # [ceil(V / 32)] int32, a view: writes go to ``row``
+        original = None
+        overflowing = self._overflowing(words)  # [ceil(V / 32)] int32, or None
+        if overflowing is not None:  # refused like the values below, before the look-ahead reads the row
+            original = words.copy()
+            words &= ~overflowing
         banned: list[int] = []
         if ids is not None:
             allowed = allowed_among(words, ids)  # [k] int64: candidates the grammar allows
@@ -354,7 +400,7 @@ class ValueState:
         if eos and not self.can_end():
             banned += eos
         ahead = self._dead_ends(words, set(banned), viable) if viable is not None and here else []
-        if not banned and not ahead:
+        if not banned and not ahead and (original is None or words.any()):
             return VIABLE
         saved = words.copy()
         clear_bits(words, banned + ahead)
@@ -364,7 +410,7 @@ class ValueState:
         clear_bits(words, banned)
         if words.any():
             return HEADED_FOR_DEAD_END
-        words[:] = saved
+        words[:] = saved if original is None else original
         return DEAD_END
 
     def leaves_viable(
@@ -382,6 +428,11 @@ class ValueState:
         ids, here = self._candidates()
         if ids is None and self.scan.mode != SCALAR:
             return True
+        overflowing = self._overflowing(row.numpy())  # [ceil(V / 32)] int32, or None
+        if overflowing is not None:  # refused whatever else holds: the row without them decides
+            row = torch.from_numpy(row.numpy() & ~overflowing)
+            if not row.numpy().any():
+                return False
         if (not here or count_allowed(row) > LOOKAHEAD_TOKENS) and self.leaves_some(row, eos_token_ids):
             return True  # no look-ahead here, and a token no check can refuse: counted, the row's ids not listed
         allowed = allowed_ids(row.numpy())  # [k] int64, padding ids too
@@ -424,6 +475,9 @@ class ValueState:
         refusable = (0 if ids is None else self.vocab.count_among(words, ids)) + sum(
             is_allowed(words, token) for token in eos_token_ids
         )
+        overflowing = self._overflowing(words)  # [ceil(V / 32)] int32, or None (counted twice at worst)
+        if overflowing is not None:
+            refusable += count_allowed(overflowing)
         return count_allowed(words) > refusable
 
     def refuses(
@@ -440,7 +494,8 @@ class ValueState:
         ids, here = self._candidates()
         if ids is None and self.scan.mode != SCALAR:
             return False
-        if ids is not None and self.vocab.holds(ids, token) and self.advance(token) is None:
+        bounded = self._string_bound() is not None  # any token may make the string too long
+        if ids is not None and (bounded or self.vocab.holds(ids, token)) and self.advance(token) is None:
             return True  # (the state after it is kept: an accepted token is not scanned again)
         if token in eos_token_ids and not self.can_end():
             return True
@@ -541,6 +596,9 @@ class _Completions:
 
     def number_checked(self, location: Dnf) -> bool:
         return True
+
+    def string_bound(self, location: Dnf) -> int | None:
+        return None
 
 
 @bounded("match.values.inert", maxsize=65536)

@@ -25,6 +25,7 @@ import numpy as np
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
+from constrain.match.lengths import token_lengths
 from constrain.models.loading import cache_dir
 
 __all__ = [
@@ -232,6 +233,9 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     return KeyVocab(texts, [texts[i] for i in order], order, multi)
 
 
+LENGTH_TAILS = 64
+"""Unsettled string tails (an escape or a character begun) whose token lengths a :class:`ValueVocab` keeps."""
+
 _CLOSERS = np.frombuffer(b",]}", dtype=np.uint8)
 _WHITESPACE = np.frombuffer(b" \t\n\r", dtype=np.uint8)
 _NUMBER_STARTS = np.frombuffer(b"-.0123456789", dtype=np.uint8)
@@ -256,6 +260,11 @@ class ValueVocab:
     members: dict[int, bytes] = field(init=False, repr=False, compare=False)
     # per id(table), ``[ceil(V / 32)]`` uint32: the table as bitmask words (a row's members counted at once)
     words: dict[int, np.ndarray] = field(init=False, repr=False, compare=False)
+    # built on first use (:meth:`longer_than`): per unsettled tail of a string, ``[V]`` int32 the characters
+    # each token adds (:func:`~constrain.match.lengths.token_lengths`), and per (tail, room) the tokens that
+    # add more, as bitmask words (None: no token does)
+    lengths: dict[bytes, np.ndarray] = field(init=False, repr=False, compare=False)
+    longer: dict[tuple[bytes, int], np.ndarray | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         members, words = {}, {}
@@ -268,6 +277,8 @@ class ValueVocab:
             words[id(ids)] = np.packbits(table, bitorder="little").view(np.uint32)
         object.__setattr__(self, "members", members)
         object.__setattr__(self, "words", words)
+        object.__setattr__(self, "lengths", {})
+        object.__setattr__(self, "longer", {})
 
     def holds(
         self,
@@ -278,6 +289,26 @@ class ValueVocab:
         """Whether ``ids`` (a table of this vocabulary) holds ``token``."""
         table = self.members[id(ids)]
         return token < len(table) and table[token] == 1
+
+    def longer_than(self, room: int, tail: bytes = b"") -> np.ndarray | None:
+        """``[ceil(V / 32)]`` uint32: the tokens that add more than ``room`` characters to a string whose text
+        ends in the unsettled piece ``tail`` (b"": settled; see :mod:`~constrain.match.lengths`), up to a
+        closing quote; ``room`` < 0: every token. None where no token does. Built on first use, then kept:
+        the lengths per tail (at most :data:`LENGTH_TAILS`; about 35 ms each for SmolLM2's 49,152 tokens),
+        the words per tail and room (thread-safe: what two threads build is equal)."""
+        lengths = self.lengths.get(tail)
+        if lengths is None:
+            if len(self.lengths) >= LENGTH_TAILS:
+                self.lengths.clear()
+                self.longer.clear()
+            lengths = self.lengths[tail] = token_lengths(self.texts, tail)  # [V] int32
+        room = min(max(room, -1), int(lengths.max(initial=0)))  # (every room past the longest token alike)
+        key = (tail, room)
+        if key not in self.longer:
+            over = np.zeros(-(-len(self.texts) // 32) * 32, dtype=np.uint8)  # [32 * ceil(V / 32)]
+            over[: len(lengths)] = lengths > room
+            self.longer[key] = np.packbits(over, bitorder="little").view(np.uint32) if over.any() else None
+        return self.longer[key]
 
     def count_among(
         self,
