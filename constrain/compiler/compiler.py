@@ -173,7 +173,10 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
         engine_schema, text = None, regex_grammar(constraint.pattern)
     else:
         engine_schema, coverage = prepared(constraint)
-        engine_schema, refused = llguidance_schema(engine_schema, any_order=constraint.property_order == "any")
+        checked = any(e.status in ("checked", "approximated") for e in coverage)
+        engine_schema, refused = llguidance_schema(
+            engine_schema, any_order=constraint.property_order == "any", checked=checked
+        )
         coverage += refused
         text = json_schema_grammar(
             json.dumps(engine_schema),

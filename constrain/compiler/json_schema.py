@@ -96,15 +96,19 @@ def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, 
     return ebnf, coverage
 
 
-def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
+def llguidance_schema(schema: Any, *, any_order: bool, checked: bool = False) -> tuple[Any, tuple[CoverageEntry, ...]]:
     """The prepared ``schema`` as llguidance is given it, and coverage entries saying what changed.
 
     Dropped (the grammar then accepts a superset; ``validate`` checks the finished output):
     formats in :data:`~constrain.backends.llguidance.UNKNOWN_FORMATS`, and
-    ``minProperties``/``maxProperties`` of objects with optional keys. ``maxLength`` is dropped too, and
-    checked as each string is written (:mod:`constrain.match.lengths`: exact in the mask): inside a string
-    of bounded length llguidance 1.9's mask took 250 to 850 µs a token, against 2 µs without the bound
-    (SmolLM2's tokenizer, a ``maxLength`` of 30; Intel Xeon family 6 model 207).
+    ``minProperties``/``maxProperties`` of objects with optional keys.
+
+    A ``maxLength`` of at most :data:`SLOW_LENGTH` is dropped too where the value checks run on the
+    schema anyway (``checked``: the coverage has keywords beyond the grammar, or this function leaves
+    some), and checked as each string is written (:mod:`constrain.match.lengths`: exact in the mask).
+    Where nothing else is checked it stays with llguidance: the value checks would read every token of
+    the output for it. (Where that is known only once the schema is walked, it is walked again: the
+    keys of an object in any order are grouped by their subschemas as given.)
 
     ``any_order``: llguidance writes ``properties`` in the schema's order only, but the keys of
     ``patternProperties`` in any order. An object's declared keys (two or more, where it has no
@@ -117,14 +121,17 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
     """
     dropped: dict[str, set[str]] = {}
     reordered: list[bool] = []  # per object given in any order: whether it had ``required``
-    lengths: list[bool] = []  # per string bound dropped
+    lengths: list[bool] = []  # per string bound at most SLOW_LENGTH: whether it was dropped
 
-    def walk(node: Any) -> Any:
+    def walk(node: Any, drop: bool) -> Any:
         if not isinstance(node, dict) or node.keys().isdisjoint(_ADAPTED):
             return node
         out = dict(node)
-        if out.pop("maxLength", None) is not None:
-            lengths.append(True)
+        limit = out.get("maxLength")
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit <= SLOW_LENGTH:
+            lengths.append(drop)
+            if drop:
+                del out["maxLength"]
         if out.get("format") in UNKNOWN_FORMATS:
             dropped.setdefault("format", set()).add(out.pop("format"))
         if not set(out.get("properties", ())) <= set(out.get("required", ())):
@@ -133,13 +140,13 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
                     dropped.setdefault(key, set()).add("beside optional keys")
         for key in SCHEMA_MAPS:
             if isinstance(out.get(key), dict):
-                out[key] = {name: walk(sub) for name, sub in out[key].items()}
+                out[key] = {name: walk(sub, drop) for name, sub in out[key].items()}
         for key in SCHEMA_LISTS:
             if isinstance(out.get(key), list):
-                out[key] = [walk(sub) for sub in out[key]]
+                out[key] = [walk(sub, drop) for sub in out[key]]
         for key in SINGLE_SCHEMAS:
             if key in out:
-                out[key] = walk(out[key])
+                out[key] = walk(out[key], drop)
         declared = out.get("properties")
         if any_order and isinstance(declared, dict) and len(declared) > 1 and "patternProperties" not in out:
             patterns = _key_patterns(declared)
@@ -149,8 +156,13 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
                 reordered.append(out.pop("required", None) is not None)
         return out
 
-    adapted = walk(schema)
-    if not dropped and not reordered and not lengths:
+    adapted = walk(schema, checked)
+    if lengths and not checked and (dropped or any(reordered)):  # the checks run after all: walked again
+        dropped.clear()
+        reordered.clear()
+        lengths.clear()
+        adapted = walk(schema, True)
+    if not dropped and not reordered and not any(lengths):
         return schema, ()
     note = "llguidance serves this schema and refuses {} ({}): validated afterwards"
     entries = tuple(
@@ -159,13 +171,20 @@ def llguidance_schema(schema: Any, *, any_order: bool) -> tuple[Any, tuple[Cover
     )
     if any(reordered):
         entries += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
-    if lengths:
+    if any(lengths):
         entries += (CoverageEntry("", "maxLength", "checked", _LENGTH_NOTE),)
     return adapted, entries
 
 
 _ADAPTED = SUBSCHEMA_KEYS | {"format", "minProperties", "maxProperties", "maxLength"}
 """The keywords :func:`llguidance_schema` reads: a node without any is given as it is."""
+
+SLOW_LENGTH = 100
+"""The largest ``maxLength`` that :func:`llguidance_schema` leaves to the value checks. Inside a string of
+bounded length llguidance 1.9's mask took 250 to 850 µs a token (``maxLength: 30``) against 2 µs without a
+bound; over a small object's tokens, its mean was 100, 76 and 53 µs at bounds of 30, 64 and 100, and 17
+µs from 128 up, where the checks' 30 to 47 µs would cost more (SmolLM2's tokenizer, whose longest token
+is 81 characters; Intel Xeon family 6 model 207, 2 cores)."""
 
 MAX_KEY_PATTERNS = 32
 """Most patterns an object's declared keys become for llguidance (:func:`llguidance_schema`): it proves

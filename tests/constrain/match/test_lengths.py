@@ -73,21 +73,39 @@ def test_lengths_count_escapes_and_wide_characters_once():
 BOUNDED = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 7}, "tags": {"type": "array", "items": {
-        "type": "string", "minLength": 1, "maxLength": 3}, "maxItems": 3}},
+        "type": "string", "minLength": 1, "maxLength": 3}, "maxItems": 3, "uniqueItems": True}},
     "required": ["name", "tags"],
     "additionalProperties": False,
 }  # fmt: skip
+"""Bounded strings beside a keyword the value checks enforce anyway (``uniqueItems``)."""
+
+
+def _dropped(compiled) -> list:
+    return [e for e in compiled.coverage if e.pointer == "" and e.keyword == "maxLength"]
 
 
 @pytest.mark.parametrize("mode", ["specification", "generation"])
-def test_llguidance_gets_no_string_bound_and_the_checks_say_so(smol_tokenizer, mode):
+def test_llguidance_gets_no_string_bound_where_the_checks_run_and_they_say_so(smol_tokenizer, mode):
     compiled = constrain.compile(constrain.json_schema(BOUNDED, mode=mode), smol_tokenizer, engine="llguidance")
     assert '"maxLength"' not in json.dumps(compiled.engine_schema)
-    said = [e for e in compiled.coverage if e.pointer == "" and e.keyword == "maxLength"]
+    said = _dropped(compiled)
     assert len(said) == 1 and said[0].status == "enforced" and "as each string is written" in said[0].note
-    assert compiled.value_checks is not None
     served = constrain.compile(constrain.json_schema(BOUNDED, mode=mode), smol_tokenizer, engine="xgrammar")
-    assert not [e for e in served.coverage if e.pointer == "" and e.keyword == "maxLength"]
+    assert not _dropped(served)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 7}}, "required": ["a"],
+         "additionalProperties": False},  # nothing else checked: the checks would read every token for it
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 300}, "b": {"type": "array",
+         "uniqueItems": True}}, "required": ["a"], "additionalProperties": False},  # a bound llguidance is fast at
+    ],
+)  # fmt: skip
+def test_llguidance_keeps_the_bounds_it_is_fast_at_or_where_nothing_else_is_checked(smol_tokenizer, schema):
+    compiled = constrain.compile(constrain.json_schema(schema, mode="generation"), smol_tokenizer, engine="llguidance")
+    assert '"maxLength"' in json.dumps(compiled.engine_schema) and not _dropped(compiled)
 
 
 @pytest.mark.parametrize("mode", ["specification", "generation"])
