@@ -304,11 +304,11 @@ class ValueState:
         content = self.scan.text[1:]
         count, settled = written_length(content)
         tail = content[settled:]  # an escape or a character begun (counted already), or b""
-        longer = self.vocab.longer_than(bound - count, tail)  # [ceil(V / 32)] uint32, or None
+        longer = self.vocab.longer_than(bound - count, tail)  # [ceil(V / 32)] int32, or None
         if longer is None:
             return None
         found = np.zeros_like(words)  # [ceil(V' / 32)] int32
-        found[: len(longer)] = words[: len(longer)] & longer.view(np.int32)
+        found[: len(longer)] = words[: len(longer)] & longer
         return found if found.any() else None
 
     def can_end(self) -> bool:

@@ -25,6 +25,7 @@ import numpy as np
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
+from constrain.match.bitmask import pack
 from constrain.match.lengths import token_lengths
 from constrain.models.loading import cache_dir
 
@@ -291,11 +292,12 @@ class ValueVocab:
         return token < len(table) and table[token] == 1
 
     def longer_than(self, room: int, tail: bytes = b"") -> np.ndarray | None:
-        """``[ceil(V / 32)]`` uint32: the tokens that add more than ``room`` characters to a string whose text
-        ends in the unsettled piece ``tail`` (b"": settled; see :mod:`~constrain.match.lengths`), up to a
-        closing quote; ``room`` < 0: every token. None where no token does. Built on first use, then kept:
-        the lengths per tail (at most :data:`LENGTH_TAILS`; about 35 ms each for SmolLM2's 49,152 tokens),
-        the words per tail and room (thread-safe: what two threads build is equal)."""
+        """``[ceil(V / 32)]`` int32 bitmask words: the tokens that add more than ``room`` characters to a
+        string whose text ends in the unsettled piece ``tail`` (b"": settled; see
+        :mod:`~constrain.match.lengths`), up to a closing quote; ``room`` < 0: every token. None where no
+        token does. Built on first use, then kept: the lengths per tail (at most :data:`LENGTH_TAILS`;
+        about 35 ms each for SmolLM2's 49,152 tokens), the words per tail and room (thread-safe: what two
+        threads build is equal)."""
         lengths = self.lengths.get(tail)
         if lengths is None:
             if len(self.lengths) >= LENGTH_TAILS:
@@ -305,9 +307,9 @@ class ValueVocab:
         room = min(max(room, -1), int(lengths.max(initial=0)))  # (every room past the longest token alike)
         key = (tail, room)
         if key not in self.longer:
-            over = np.zeros(-(-len(self.texts) // 32) * 32, dtype=np.uint8)  # [32 * ceil(V / 32)]
+            over = np.zeros(-(-len(self.texts) // 32) * 32, dtype=bool)  # [32 * ceil(V / 32)]
             over[: len(lengths)] = lengths > room
-            self.longer[key] = np.packbits(over, bitorder="little").view(np.uint32) if over.any() else None
+            self.longer[key] = pack(over) if over.any() else None
         return self.longer[key]
 
     def count_among(
