@@ -37,7 +37,9 @@ from constrain.constraints.schema import (
     SUBSCHEMA_KEYS,
     CoverageEntry,
     prepare,
+    subschemas,
 )
+from constrain.constraints.schema_rewrites import says_what_else
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.keys import may_repeat_keys
 from constrain.match.validate import schema_validator
@@ -213,13 +215,19 @@ def value_checks(
     constraint: JsonSchema, coverage: tuple[CoverageEntry, ...]
 ) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
     """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
-    the coverage with what they enforce marked so."""
+    the coverage with what they enforce marked so.
+
+    Where keys come in any order and some object takes a known set of keys, they are made even where
+    the grammar is exact, checking nothing: their scanner follows the schema's locations for the key
+    guard, which refuses a key that can no longer become one its object lacks (see
+    :mod:`constrain.match.keys`)."""
     validator = schema_validator(constraint.schema, approximate_remote=True)  # strict: refused at compile
     notes = {e.note for e in coverage if e.pointer == ""}
     everywhere = [key for key, note in _SCHEMA_WIDE.items() if note in notes]
-    checks = ValueChecks(validator.schema, validator, coverage, everywhere)
+    checks = ValueChecks(validator.schema, validator, coverage, everywhere, closed=constraint.closed)
     if not checks.needs(checks.root_location):
-        return None, coverage
+        guides = constraint.property_order == "any" and _takes_known_keys(validator.schema, constraint.closed)
+        return (checks if guides else None), coverage
     enforced = tuple(
         replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
         if e.status == "checked"
@@ -227,6 +235,18 @@ def value_checks(
         for e in coverage
     )
     return checks, enforced
+
+
+def _takes_known_keys(schema: Any, closed: bool) -> bool:
+    """Whether some object of ``schema`` takes a known set of keys (``ValueChecks.key_names``): it has
+    ``additionalProperties: false``, or (``closed`` mode) declares properties and says nothing of others."""
+    if not isinstance(schema, dict):
+        return False
+    if "properties" in schema and (
+        schema.get("additionalProperties") is False or (closed and not says_what_else(schema))
+    ):
+        return True
+    return any(_takes_known_keys(sub, closed) for sub in subschemas(schema))
 
 
 def embedded_checks(embedded: EmbeddedJson | None) -> CallChecks | None:

@@ -56,7 +56,9 @@ from constrain.constraints.constraint import EmbeddedJson
 from constrain.constraints.formats import FORMATS, format_status
 from constrain.constraints.schema import CoverageEntry, subschemas
 from constrain.constraints.schema_refs import resolve_local
+from constrain.constraints.schema_rewrites import says_what_else
 from constrain.match.embedded import CallValues
+from constrain.match.keys import Names, written_forms
 from constrain.match.numbers import NumberBounds, bounds_of, viable_under
 from constrain.match.values import Dnf, ValueState
 
@@ -141,9 +143,16 @@ class ValueChecks:
     """
 
     def __init__(
-        self, schema: Any, validator: Any, coverage: Iterable[CoverageEntry], everywhere: Iterable[str] = ()
+        self,
+        schema: Any,
+        validator: Any,
+        coverage: Iterable[CoverageEntry],
+        everywhere: Iterable[str] = (),
+        *,
+        closed: bool = False,
     ) -> None:
         self.root = schema
+        self.closed = closed  # closed mode: objects that declare their keys take no others (``key_names``)
         self.validator = validator
         self.legacy = "prefixItems" not in validator.VALIDATORS  # draft 7 and before: tuple ``items``
         self.nodes: list[Any] = []  # subschemas by index
@@ -160,6 +169,7 @@ class ValueChecks:
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._string_bounds: dict[Dnf, int | None] = {}  # per location, ``string_bound``
+        self._key_names: dict[Dnf, Names] = {}  # per location, ``key_names``
         self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
         self.hits = 0  # of the children and verdicts memos
@@ -456,6 +466,44 @@ class ValueChecks:
             self._string_bounds.clear()
         self._string_bounds[location] = found
         return found
+
+    def key_names(self, location: Dnf) -> Names:
+        """The keys an object at ``location`` may hold, as written (:func:`~constrain.match.keys.written_forms`),
+        where they are a finite set: per alternative, the properties of its subschemas that take no
+        others (``additionalProperties: false``, no ``patternProperties``; those of all of them), or in
+        closed mode, where none says what else it holds, every one they declare or require (closing takes
+        each object as its subschemas merge); the union over the alternatives. None where some alternative may
+        take other keys. The key guard refuses a key that cannot become one of them as it is written
+        (:mod:`constrain.match.keys`)."""
+        if location in self._key_names:
+            return self._key_names[location]
+        parts = [self._alternative_names(alternative) for alternative in location]
+        found = None if any(part is None for part in parts) else written_forms(set().union(*parts))  # type: ignore[arg-type]
+        if len(self._key_names) >= MEMO_ENTRIES:
+            self._key_names.clear()
+        self._key_names[location] = found
+        return found
+
+    def _alternative_names(self, alternative: frozenset[int]) -> set[str] | None:
+        """The keys an object may hold where every subschema of ``alternative`` applies (``key_names``)."""
+        taken: set[str] | None = None  # the properties of those that take no others, in common
+        declared: set[str] = set()
+        says_open = False
+        for index in alternative:
+            node = self.nodes[index]
+            types = node.get("type")
+            if (isinstance(types, str) and types != "object") or (isinstance(types, list) and "object" not in types):
+                return set()  # no object stands here
+            properties = node.get("properties")
+            own = set(properties) if isinstance(properties, dict) else set()
+            if node.get("additionalProperties") is False and not node.get("patternProperties"):
+                taken = own if taken is None else taken & own
+            required = node.get("required") if isinstance(node.get("required"), list) else ()
+            declared |= own | {key for key in required if isinstance(key, str)}
+            says_open = says_open or says_what_else(node)
+        if taken is None and self.closed and declared and not says_open:
+            return declared
+        return taken
 
     def _checked_length(self, index: int) -> int | None:
         """Subschema ``index``'s ``maxLength`` where it is beyond the grammar, else None."""

@@ -14,6 +14,14 @@ them again:
 - anywhere, the few tokens with two or more ``"`` (``","``, ``":"``...) that could open and close a
   key by themselves, by scanning them.
 
+Where an object's keys are known to be a finite set (``additionalProperties: false``, or closed
+mode: :meth:`~constrain.match.checks.ValueChecks.key_names`), the guard also refuses a key that can no
+longer become one its object lacks: its text so far is a prefix of none of them, or a ``,`` leaves no
+key to write. Without that, keys in any order dead-end: after ``{"a": 1, "`` where only ``"a"`` is
+declared, the grammar allows ``a`` and then only the ``"`` that repeats it. Those names come from the
+schema's locations, which only the value checks' scanner follows; its :meth:`ValueState.key_state
+<constrain.match.values.ValueState.key_state>` hands them to the :class:`KeyState` that masks.
+
 Keys compare as written: a key spelled again with other escapes (``"\\u0061"`` for ``"a"``) is not
 caught. The :class:`~constrain.match.matcher.Matcher` applies this to every mask it fills and refuses such a
 token in ``accept_token``, so sampling, jump-forward, speculation and the closing path all see it.
@@ -27,21 +35,60 @@ repeated one itself: one scan a token for both. A :class:`KeyState` is then made
 from __future__ import annotations
 
 import bisect
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.constraints.schema import subschemas
-from constrain.jsonscan import IN_KEY, IN_STRING, KEY_ESCAPE, START, JsonScan, JsonSyntaxError
-from constrain.match.bitmask import allowed_among, clear_bits, count_allowed
+from constrain.jsonscan import (
+    FIRST_KEY,
+    IN_KEY,
+    IN_STRING,
+    KEY,
+    KEY_ESCAPE,
+    START,
+    STRING_ESCAPE,
+    JsonScan,
+    JsonSyntaxError,
+)
+from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed
 from constrain.match.vocab import KeyVocab, key_vocab
 
-__all__ = ["KeyState", "may_repeat_keys"]
+__all__ = ["KeyState", "Names", "key_stalls", "may_repeat_keys", "written_forms"]
 
 Frame = frozenset[bytes] | None
 """An open container: an object's keys so far (as written, without quotes), or None for an array."""
+
+Names = frozenset[bytes] | None
+"""The keys an object may hold, as written (without quotes; :func:`written_forms`), or None: not a
+finite set known here."""
+
+_KEY_WRITING = frozenset({KEY, IN_KEY, KEY_ESCAPE})
+"""Where a key is being written, or must be next (after an object's ``,``: no ``}`` may follow)."""
+
+
+def written_forms(names: Iterable[str]) -> frozenset[bytes]:
+    """``names`` as a JSON text may write them, without quotes: with non-ASCII characters escaped
+    (``\\u00e9``) and as UTF-8."""
+    forms = set()
+    for name in names:
+        forms.add(json.dumps(name)[1:-1].encode())
+        forms.add(json.dumps(name, ensure_ascii=False)[1:-1].encode())
+    return frozenset(forms)
+
+
+def key_stalls(mode: int, text: bytes, written: frozenset[bytes], names: Names) -> bool:
+    """Whether, in scanner ``mode``, the key being written (``text``: its bytes so far after the opening
+    quote) can no longer become one of ``names`` its object lacks (``written``); False where ``names``
+    is None or no key is being written. After a ``,`` (mode ``KEY``) that is: no name is left."""
+    if names is None or mode not in _KEY_WRITING:
+        return False
+    return not any(name.startswith(text) and name not in written for name in names)
 
 
 class _Duplicate(Exception):
@@ -49,22 +96,27 @@ class _Duplicate(Exception):
 
 
 class _Keys:
-    """The scan's events, kept as each open container's keys (mutable: one per advance)."""
+    """The scan's events, kept as each open container's keys (mutable: one per advance). ``names``: per
+    open container, the keys it may hold (empty: none known; a container opened here gets None)."""
 
-    __slots__ = ("stack",)
+    __slots__ = ("names", "stack")
 
-    def __init__(self, stack: tuple[Frame, ...]) -> None:
-        self.stack = stack
+    def __init__(self, stack: tuple[Frame, ...], names: tuple[Names, ...]) -> None:
+        self.stack, self.names = stack, names
 
     def open(self, is_object: bool) -> None:
         self.stack = (*self.stack, frozenset() if is_object else None)
+        if self.names:
+            self.names = (*self.names, None)
 
     def close(self) -> None:
         self.stack = self.stack[:-1]
+        self.names = self.names[:-1]
 
     def key(self, text: bytes) -> None:
         keys, key = self.stack[-1] or frozenset(), text[1:-1]
-        if key in keys:
+        names = self.names[-1] if self.names else None
+        if key in keys or (names is not None and key not in names):
             raise _Duplicate
         self.stack = (*self.stack[:-1], keys | {key})
 
@@ -85,6 +137,9 @@ class KeyState:
     vocab: KeyVocab
     scan: JsonScan = START
     stack: tuple[Frame, ...] = ()  # per open container, as ``scan.open``
+    # per open container, the keys it may hold (``key_stalls``); () where none are known (the state of a
+    # ValueState's that knows them: ``ValueState.key_state``)
+    names: tuple[Names, ...] = ()
     # the states after the last few tokens asked about: a drawn token is asked about, then accepted
     _after: dict[int, KeyState | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -93,8 +148,9 @@ class KeyState:
         return cls(key_vocab(info))
 
     def advance(self, token_id: int) -> KeyState | None:
-        """The state after ``token_id``; None when it would complete a key its object already has.
-        Memoized per state (:data:`AFTER_KEPT` tokens)."""
+        """The state after ``token_id``; None when it would complete a key its object already has, or
+        one it may not hold, or leave a key that can no longer become one (:func:`key_stalls`). Memoized
+        per state (:data:`AFTER_KEPT` tokens)."""
         after = self._after
         found = after.get(token_id, _UNKNOWN)
         if found is not _UNKNOWN:
@@ -106,19 +162,31 @@ class KeyState:
         return found
 
     def advance_bytes(self, data: bytes) -> KeyState | None:
-        """The state after ``data``; None when it would complete a key its object already has (or is not
-        JSON: the grammar refuses it too)."""
+        """The state after ``data``; None as :meth:`advance` says (or where ``data`` is not JSON: the
+        grammar refuses it too)."""
         scan = self.scan
         if scan.extends(data):  # a string value's text is not kept; a key's grows
-            return self if scan.mode == IN_STRING else KeyState(self.vocab, scan.extended(data), self.stack)
-        keys = _Keys(self.stack)
+            if scan.mode == IN_STRING:
+                return self
+            after = KeyState(self.vocab, scan.extended(data), self.stack, self.names)
+            return None if after.stalls() else after
+        keys = _Keys(self.stack, self.names)
         try:
             scan = self.scan.feed(data, keys, texts=False)  # keys only: a string value costs nothing per token
         except (_Duplicate, JsonSyntaxError):
             return None
         if scan is self.scan and keys.stack is self.stack:
             return self
-        return KeyState(self.vocab, scan, keys.stack)
+        after = KeyState(self.vocab, scan, keys.stack, keys.names)
+        return None if after.stalls() else after
+
+    def stalls(self) -> bool:
+        """Whether the key being written can no longer become one its object lacks (:func:`key_stalls`)."""
+        if not self.names or self.names[-1] is None:
+            return False
+        mode = self.scan.mode
+        text = self.scan.text[1:] if mode in (IN_KEY, KEY_ESCAPE) else b""
+        return key_stalls(mode, text, self.stack[-1] or frozenset(), self.names[-1])
 
     def most_forbidden(
         self,
@@ -127,35 +195,84 @@ class KeyState:
     ) -> int:
         """An upper bound on how many tokens :meth:`forbid_duplicates` would clear from ``row``, found
         without scanning a token outside keys."""
-        if not any(frame for frame in self.stack):
+        known = any(names is not None for names in self.names)
+        if not known and not any(frame for frame in self.stack):
             return 0
         if self.scan.mode in (IN_KEY, KEY_ESCAPE):
             return count_allowed(row)
-        return len(allowed_among(row, self.vocab.multi_quote[self.scan.mode == IN_STRING]))
+        return sum(len(allowed_among(row, ids)) if ids is not None else count_allowed(row) for ids in self._scanned())
 
     def forbid_duplicates(
         self,
         # [ceil(V / 32)] int32 on the CPU: a filled mask row; updated in place
         row: torch.Tensor,
     ) -> None:
-        """Clear from ``row`` every token that would complete a key its object already has."""
-        if not any(frame for frame in self.stack):
+        """Clear from ``row`` every token that :meth:`advance` refuses: those that would complete a key its
+        object already has, and (where the object's keys are known) one it may not hold, or leave a key
+        that can no longer become one."""
+        known = any(names is not None for names in self.names)
+        if not known and not any(frame for frame in self.stack):
             return  # no object holds a key yet (a token completing two equal keys at once is not a word)
-        vocab, mode = self.vocab, self.scan.mode
         banned: list[int] = []
-        if mode in (IN_KEY, KEY_ESCAPE):
-            written_so_far = self.scan.text[1:]
-            for written in self.stack[-1] or ():
-                if written.startswith(written_so_far):
-                    prefix = written[len(written_so_far) :] + b'"'
-                    lo = bisect.bisect_left(vocab.sorted_texts, prefix)
-                    hi = bisect.bisect_left(vocab.sorted_texts, prefix + b"\xff", lo)
-                    banned += vocab.sorted_ids[lo:hi]
-        # from inside a string value, a token must close it, then open and close a key: three quotes
-        ids = vocab.multi_quote[mode == IN_STRING]  # [m] int64
-        allowed = allowed_among(row, ids)  # [k] int64
-        banned += [token for token in allowed.tolist() if self.advance(token) is None]
+        if self.scan.mode in (IN_KEY, KEY_ESCAPE):
+            banned += self._key_banned(row)
+        allowed = [allowed_among(row, ids) if ids is not None else allowed_ids(row) for ids in self._scanned()]
+        candidates = np.unique(np.concatenate(allowed)) if len(allowed) > 1 else allowed[0]  # [k] int64
+        texts = self.vocab.texts
+        banned += [token for token in candidates.tolist() if token < len(texts) and self.advance(token) is None]
         clear_bits(row, banned)
+
+    def _scanned(self) -> list[np.ndarray | None]:
+        """The tables of tokens :meth:`forbid_duplicates` scans one by one (None: every allowed token): from
+        inside a string value a token must close it, then open and close a key (three quotes); elsewhere
+        two. Where an open object's keys are known, also those that may start its next key, after a
+        ``,``: with a ``"`` (two from inside a string) where every such object has a key left, else any;
+        and where a key may start, any token."""
+        mode, vocab = self.scan.mode, self.vocab
+        in_string = mode in (IN_STRING, STRING_ESCAPE)
+        tables: list[np.ndarray | None] = [vocab.multi_quote[mode == IN_STRING]]
+        if not any(names is not None for names in self.names) or mode in (IN_KEY, KEY_ESCAPE):
+            return tables
+        if mode in (KEY, FIRST_KEY) and self.names[-1] is not None:
+            return [None]
+        left = all(
+            names is None or any(name not in (written or ()) for name in names)
+            for names, written in zip(self.names, self.stack, strict=True)
+        )  # a bare "," stalls nowhere
+        if left:
+            return [*tables, vocab.multi_quote_comma if in_string else vocab.quote_comma]
+        return [*tables, vocab.quote_comma if in_string else vocab.comma]
+
+    def _key_banned(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
+        row: torch.Tensor,
+    ) -> list[int]:
+        """Inside a key: the allowed tokens that complete one its object has; where its keys are known,
+        every allowed token but those that continue one it lacks, or complete it (prefix searches in the
+        sorted vocabulary). Tokens going on past the key are scanned by :meth:`forbid_duplicates`."""
+        vocab, so_far = self.vocab, self.scan.text[1:]
+        written, names = self.stack[-1] or frozenset(), self.names[-1] if self.names else None
+        texts, ids = vocab.sorted_texts, vocab.sorted_ids
+        if names is None:
+            banned: list[int] = []
+            for key in written:
+                if key.startswith(so_far):
+                    prefix = key[len(so_far) :] + b'"'
+                    lo = bisect.bisect_left(texts, prefix)
+                    banned += ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
+            return banned
+        kept: list[int] = []
+        for name in names - written:
+            if name.startswith(so_far):
+                rest = name[len(so_far) :]
+                for end in range(1, len(rest) + 1):  # the tokens that write a part of what is left
+                    lo = bisect.bisect_left(texts, rest[:end])
+                    kept += ids[lo : bisect.bisect_right(texts, rest[:end], lo)]
+                lo = bisect.bisect_left(texts, rest + b'"')  # and those that complete it, and go on
+                kept += ids[lo : bisect.bisect_left(texts, rest + b'"\xff', lo)]
+        allowed = allowed_ids(row)  # [k] int64
+        return list(allowed[~np.isin(allowed, kept)].tolist())
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:

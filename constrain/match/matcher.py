@@ -86,7 +86,8 @@ class Matcher:
     EOS ids are allowed exactly when the grammar can end, and accepting one
     terminates the matcher. Where the grammar may admit a key twice (``compiled.unique_keys``),
     a :class:`~constrain.match.keys.KeyState` per accepted token masks out and refuses any token that
-    would complete a key its object already has (the value checks' scan is that guard where there are
+    would complete a key its object already has, or (where the object's keys are known) leave a key
+    that can no longer become one it lacks (the value checks' scan is that guard where there are
     both: one scan a token). Where the schema has keywords beyond the grammar
     (``compiled.value_checks``), a :class:`~constrain.match.values.ValueState` per accepted token *refuses*
     any token that would complete a value that cannot be valid, or (where at most

@@ -46,7 +46,7 @@ from constrain.jsonscan import (
     JsonSyntaxError,
 )
 from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed, is_allowed
-from constrain.match.keys import AFTER_KEPT, KeyState
+from constrain.match.keys import AFTER_KEPT, KeyState, Names, key_stalls
 from constrain.match.lengths import written_length
 from constrain.match.vocab import KeyVocab, ValueVocab, key_vocab, value_vocab
 
@@ -94,6 +94,8 @@ class Checks(Protocol):
 
     def string_bound(self, location: Dnf) -> int | None: ...
 
+    def key_names(self, location: Dnf) -> Names: ...
+
 
 # -- the scanner ------------------------------------------------------------------------------
 _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
@@ -110,6 +112,7 @@ class _Frame:
     key: str | None = None  # objects: the key whose value is being written
     watched: bool = False  # whether a check reads its items, or those of a container around it
     written: frozenset[bytes] = frozenset()  # objects under the key guard: its keys so far, as written
+    names: Names = None  # objects under the key guard: the keys it may hold, as written (None: not known)
 
     def value(self) -> Any:
         """The container as a JSON value: its completed items or members."""
@@ -124,18 +127,28 @@ class _Values:
     """The scan's events, as values built and checked in their containers (mutable: one per advance).
     ``strict=False``: nothing is checked, every value is taken as it is. ``unique``: a key completed a
     second time in its object (as written) is refused, strict or not (the key guard, see
-    :mod:`constrain.match.keys`)."""
+    :mod:`constrain.match.keys`), and so is one its object may not hold where the keys it may hold are
+    known: but in an object opened by the text this scans (``fresh``: the depth of the first opened),
+    as the :class:`~constrain.match.keys.KeyState` that masks for the guard does."""
 
-    __slots__ = ("checks", "stack", "strict", "unique")
+    __slots__ = ("checks", "fresh", "stack", "strict", "unique")
 
     def __init__(self, checks: Checks, stack: tuple[_Frame, ...], strict: bool, unique: bool = False) -> None:
         self.checks, self.stack, self.strict, self.unique = checks, stack, strict, unique
+        self.fresh = len(stack)
 
     def open(self, is_object: bool) -> None:
         checks, stack = self.checks, self.stack
         location = _location(checks, stack)
         watched = bool(stack and stack[-1].watched) or checks.must_check(location) or checks.grows_checked(location)
-        self.stack = (*stack, _Frame(location, is_object, watched=watched))
+        names = checks.key_names(location) if self.unique and is_object else None
+        self.fresh = min(self.fresh, len(stack))
+        self.stack = (*stack, _Frame(location, is_object, watched=watched, names=names))
+
+    def known_names(self) -> Names:
+        """The keys the innermost open object may hold, as the guard reads them (None: not known, or
+        opened by the text scanned)."""
+        return self.stack[-1].names if self.stack and len(self.stack) <= self.fresh else None
 
     def close(self) -> None:
         top = self.stack[-1]
@@ -148,13 +161,14 @@ class _Values:
         stack, checks, key = self.stack, self.checks, _parse(text)
         top, written = stack[-1], stack[-1].written
         if self.unique:
-            if text[1:-1] in written:
+            names = self.known_names()
+            if text[1:-1] in written or (names is not None and text[1:-1] not in names):
                 raise _Violation
             written = written | {text[1:-1]}
         if self.strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
-        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched, written))
+        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched, written, top.names))
 
     def value(self, text: bytes) -> None:
         self._complete(_parse(text))
@@ -170,7 +184,7 @@ class _Values:
             return
         top = stack[-1]
         item = (top.key, value) if top.is_object else value
-        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched, top.written)
+        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched, top.written, top.names)
         if (
             self.strict
             and checks.grows_checked(top.location)
@@ -216,7 +230,7 @@ class ValueState:
         of every open object, to mask (:meth:`KeyState.forbid_duplicates`)."""
         assert self.key_vocab is not None, "a ValueState made without unique_keys is no key guard"
         stack = tuple(frame.written if frame.is_object else None for frame in self.stack)
-        return KeyState(self.key_vocab, self.scan, stack)
+        return KeyState(self.key_vocab, self.scan, stack, tuple(frame.names for frame in self.stack))
 
     # -- advancing --------------------------------------------------------------------------
     def advance(self, token_id: int, *, strict: bool = True) -> ValueState | None:
@@ -253,7 +267,10 @@ class ValueState:
             if scan.mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
             after = self._after_scan(scan.extended(data), self.stack, self._memo)
-            return (None, 0) if strict and after._too_long() else (after, len(data))
+            guarded = self.key_vocab is not None and bool(self.stack)  # (a key is written inside an object)
+            if (strict and after._too_long()) or (guarded and after._stalls(self.stack[-1].names)):
+                return None, 0
+            return after, len(data)
         values = _Values(self.checks, self.stack, strict, self.key_vocab is not None)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
@@ -268,11 +285,22 @@ class ValueState:
             return None, 0  # a number no digit can make valid (multipleOf): refused as it is written
         shared = values.stack is self.stack and scan.mode == self.scan.mode  # the same candidates: share them
         after = self._after_scan(scan, values.stack, self._memo if shared else {})
-        return (None, 0) if strict and after._too_long() else (after, read)
+        if (strict and after._too_long()) or (self.key_vocab is not None and after._stalls(values.known_names())):
+            return None, 0
+        return after, read
 
     def _after_scan(self, scan: JsonScan, stack: tuple[_Frame, ...], memo: dict[str, Any]) -> ValueState:
         """A state of this one's checks and vocabularies, at ``scan`` with ``stack``, sharing ``memo``."""
         return ValueState(self.checks, self.vocab, scan, stack, memo, key_vocab=self.key_vocab)
+
+    def _stalls(self, names: Names) -> bool:
+        """Whether the key being written can no longer become one of ``names`` (those its object may hold,
+        or None) that the object lacks (:func:`~constrain.match.keys.key_stalls`)."""
+        if names is None:
+            return False
+        mode = self.scan.mode
+        text = self.scan.text[1:] if mode in (IN_KEY, KEY_ESCAPE) else b""
+        return key_stalls(mode, text, self.stack[-1].written, names)
 
     def _string_bound(self) -> int | None:
         """The checked ``maxLength`` of the string value being written (:meth:`Checks.string_bound`), or
@@ -598,6 +626,9 @@ class _Completions:
         return True
 
     def string_bound(self, location: Dnf) -> int | None:
+        return None
+
+    def key_names(self, location: Dnf) -> Names:
         return None
 
 

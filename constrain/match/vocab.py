@@ -221,6 +221,9 @@ class KeyVocab:
     sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
     sorted_ids: list[int]  # the token id of each sorted text
     multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
+    comma: np.ndarray  # [c] int64: ids of the tokens holding ',' (they may start an object's next key)
+    quote_comma: np.ndarray  # [qc] int64: ids holding '"' and ','
+    multi_quote_comma: np.ndarray  # [mc] int64: ids holding two or more '"' and ','
 
 
 @bounded("match.vocab.keys", maxsize=TOKENIZERS_KEPT)
@@ -231,7 +234,10 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     order = sorted(np.flatnonzero(vocab.lengths).tolist(), key=texts.__getitem__)  # stable: equal texts by id
     quotes = vocab.per_token(vocab.data == ord('"'))  # [V]
     multi = (np.flatnonzero(quotes >= 2), np.flatnonzero(quotes >= 3))  # [m] int64 each
-    return KeyVocab(texts, [texts[i] for i in order], order, multi)
+    commas = vocab.per_token(vocab.data == ord(",")) > 0  # [V] bool
+    comma, quote_comma = np.flatnonzero(commas), np.flatnonzero(commas & (quotes > 0))  # [c], [qc] int64
+    multi_comma = np.flatnonzero(commas & (quotes >= 2))  # [mc] int64
+    return KeyVocab(texts, [texts[i] for i in order], order, multi, comma, quote_comma, multi_comma)
 
 
 LENGTH_TAILS = 64
