@@ -56,7 +56,7 @@ from constrain.jsonscan import (
     JsonScan,
     JsonSyntaxError,
 )
-from constrain.match.bitmask import allowed_among, allowed_ids, clear_bits, count_allowed
+from constrain.match.bitmask import allowed_among, clear_bits, count_allowed, set_bits
 from constrain.match.vocab import KeyVocab, key_vocab
 
 __all__ = ["KeyState", "Names", "key_stalls", "may_repeat_keys", "written_forms"]
@@ -198,9 +198,10 @@ class KeyState:
         known = any(names is not None for names in self.names)
         if not known and not any(frame for frame in self.stack):
             return 0
-        if self.scan.mode in (IN_KEY, KEY_ESCAPE):
+        mode, top = self.scan.mode, self.names[-1] if self.names else None
+        if mode in (IN_KEY, KEY_ESCAPE) or (top is not None and mode in (KEY, FIRST_KEY)):
             return count_allowed(row)
-        return sum(len(allowed_among(row, ids)) if ids is not None else count_allowed(row) for ids in self._scanned())
+        return sum(len(allowed_among(row, ids)) for ids in self._scanned())
 
     def forbid_duplicates(
         self,
@@ -213,66 +214,78 @@ class KeyState:
         known = any(names is not None for names in self.names)
         if not known and not any(frame for frame in self.stack):
             return  # no object holds a key yet (a token completing two equal keys at once is not a word)
+        mode, top = self.scan.mode, self.names[-1] if self.names else None
         banned: list[int] = []
-        if self.scan.mode in (IN_KEY, KEY_ESCAPE):
-            banned += self._key_banned(row)
-        allowed = [allowed_among(row, ids) if ids is not None else allowed_ids(row) for ids in self._scanned()]
+        if top is not None and mode in (IN_KEY, KEY_ESCAPE, KEY, FIRST_KEY):
+            self._keep_known_keys(row.numpy(), top)
+        elif mode in (IN_KEY, KEY_ESCAPE):
+            banned += self._completing_written(self.scan.text[1:])
+        allowed = [allowed_among(row, ids) for ids in self._scanned()]
         candidates = np.unique(np.concatenate(allowed)) if len(allowed) > 1 else allowed[0]  # [k] int64
-        texts = self.vocab.texts
-        banned += [token for token in candidates.tolist() if token < len(texts) and self.advance(token) is None]
+        banned += [token for token in candidates.tolist() if self.advance(token) is None]
         clear_bits(row, banned)
 
-    def _scanned(self) -> list[np.ndarray | None]:
-        """The tables of tokens :meth:`forbid_duplicates` scans one by one (None: every allowed token): from
-        inside a string value a token must close it, then open and close a key (three quotes); elsewhere
-        two. Where an open object's keys are known, also those that may start its next key, after a
-        ``,``: with a ``"`` (two from inside a string) where every such object has a key left, else any;
-        and where a key may start, any token."""
+    def _scanned(self) -> list[np.ndarray]:
+        """The tables of tokens :meth:`forbid_duplicates` scans one by one: from inside a string value a
+        token must close it, then open and close a key (three quotes); elsewhere two. Where an open
+        object's keys are known, also those that may start a next key after a ``,``: those that begin a key
+        after it where every such object has a key left, else any (with a ``"`` first from inside a string)."""
         mode, vocab = self.scan.mode, self.vocab
         in_string = mode in (IN_STRING, STRING_ESCAPE)
-        tables: list[np.ndarray | None] = [vocab.multi_quote[mode == IN_STRING]]
+        tables = [vocab.multi_quote[mode == IN_STRING]]
         if not any(names is not None for names in self.names) or mode in (IN_KEY, KEY_ESCAPE):
             return tables
-        if mode in (KEY, FIRST_KEY) and self.names[-1] is not None:
-            return [None]
         left = all(
             names is None or any(name not in (written or ()) for name in names)
             for names, written in zip(self.names, self.stack, strict=True)
         )  # a bare "," stalls nowhere
-        if left:
-            return [*tables, vocab.multi_quote_comma if in_string else vocab.quote_comma]
+        if left:  # only a key begun after it may stall
+            return [*tables, vocab.comma_key[in_string]]
         return [*tables, vocab.quote_comma if in_string else vocab.comma]
 
-    def _key_banned(
+    def _completing_written(self, so_far: bytes) -> list[int]:
+        """Inside a key written so far as ``so_far``: the tokens that complete one its object has (a prefix
+        search in the sorted vocabulary per such key)."""
+        texts, ids, banned = self.vocab.sorted_texts, self.vocab.sorted_ids, []
+        for key in self.stack[-1] or ():
+            if key.startswith(so_far):
+                prefix = key[len(so_far) :] + b'"'
+                lo = bisect.bisect_left(texts, prefix)
+                banned += ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
+        return banned
+
+    def _keep_known_keys(
         self,
-        # [ceil(V / 32)] int32 on the CPU: a filled mask row (read only)
-        row: torch.Tensor,
-    ) -> list[int]:
-        """Inside a key: the allowed tokens that complete one its object has; where its keys are known,
-        every allowed token but those that continue one it lacks, or complete it (prefix searches in the
-        sorted vocabulary). Tokens going on past the key are scanned by :meth:`forbid_duplicates`."""
-        vocab, so_far = self.vocab, self.scan.text[1:]
-        written, names = self.stack[-1] or frozenset(), self.names[-1] if self.names else None
-        texts, ids = vocab.sorted_texts, vocab.sorted_ids
-        if names is None:
-            banned: list[int] = []
-            for key in written:
-                if key.startswith(so_far):
-                    prefix = key[len(so_far) :] + b'"'
-                    lo = bisect.bisect_left(texts, prefix)
-                    banned += ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
-            return banned
+        # [ceil(V / 32)] int32: a filled mask row's words; updated in place
+        words: np.ndarray,
+        names: frozenset[bytes],
+    ) -> None:
+        """Where a key is being written, or may start, in an object whose keys are known: clear every token
+        that writes a key but neither continues one of ``names`` it lacks nor completes it (prefix searches
+        in the sorted vocabulary: inside a key, every token writes it; where one may start, the tokens with
+        a ``"`` first, after any whitespace). After a ``,`` with no key left, nothing may follow."""
+        vocab, mode = self.vocab, self.scan.mode
+        inside = mode in (IN_KEY, KEY_ESCAPE)
+        so_far = self.scan.text[1:] if inside else b""
+        left = [name for name in names - (self.stack[-1] or frozenset()) if name.startswith(so_far)]
+        if mode == KEY and not left:
+            words[:] = 0
+            return
+        if inside:
+            texts, ids, opening = vocab.sorted_texts, vocab.sorted_ids, b""
+        else:
+            texts, ids, opening = vocab.key_sorted_texts, vocab.key_sorted_ids, b'"'
         kept: list[int] = []
-        for name in names - written:
-            if name.startswith(so_far):
-                rest = name[len(so_far) :]
-                for end in range(1, len(rest) + 1):  # the tokens that write a part of what is left
-                    lo = bisect.bisect_left(texts, rest[:end])
-                    kept += ids[lo : bisect.bisect_right(texts, rest[:end], lo)]
-                lo = bisect.bisect_left(texts, rest + b'"')  # and those that complete it, and go on
-                kept += ids[lo : bisect.bisect_left(texts, rest + b'"\xff', lo)]
-        allowed = allowed_ids(row)  # [k] int64
-        return list(allowed[~np.isin(allowed, kept)].tolist())
+        for name in left:
+            rest = opening + name[len(so_far) :]
+            for end in range(1, len(rest) + 1):  # the tokens that write a part of what is left
+                lo = bisect.bisect_left(texts, rest[:end])
+                kept += ids[lo : bisect.bisect_right(texts, rest[:end], lo)]
+            lo = bisect.bisect_left(texts, rest + b'"')  # and those that complete it, and go on
+            kept += ids[lo : bisect.bisect_left(texts, rest + b'"\xff', lo)]
+        keep = np.zeros_like(words) if inside else ~vocab.key_start[: len(words)]  # [ceil(V / 32)] int32
+        set_bits(keep, kept)
+        words &= keep
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import re
 import tempfile
 import zipfile
 from dataclasses import dataclass, field, fields
@@ -223,7 +224,18 @@ class KeyVocab:
     multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
     comma: np.ndarray  # [c] int64: ids of the tokens holding ',' (they may start an object's next key)
     quote_comma: np.ndarray  # [qc] int64: ids holding '"' and ','
-    multi_quote_comma: np.ndarray  # [mc] int64: ids holding two or more '"' and ','
+    # [ck] int64: ids that may begin a key after a ',' (a ',' then a '"' and more); from inside a string
+    # (a '"' first, to close it)
+    comma_key: tuple[np.ndarray, np.ndarray]
+    # the tokens that open a key where one may start: '"' first, after any whitespace; their texts from
+    # that '"' on, sorted (prefix search), and the ids of each; and the tokens as bitmask words
+    key_sorted_texts: list[bytes]
+    key_sorted_ids: list[int]
+    key_start: np.ndarray  # [ceil(V / 32)] int32
+
+
+_COMMA_KEY = re.compile(rb',[^"]*"[^"]')
+_STRING_COMMA_KEY = re.compile(rb'"[^,]*,[^"]*"[^"]')
 
 
 @bounded("match.vocab.keys", maxsize=TOKENIZERS_KEPT)
@@ -236,8 +248,18 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     multi = (np.flatnonzero(quotes >= 2), np.flatnonzero(quotes >= 3))  # [m] int64 each
     commas = vocab.per_token(vocab.data == ord(",")) > 0  # [V] bool
     comma, quote_comma = np.flatnonzero(commas), np.flatnonzero(commas & (quotes > 0))  # [c], [qc] int64
-    multi_comma = np.flatnonzero(commas & (quotes >= 2))  # [mc] int64
-    return KeyVocab(texts, [texts[i] for i in order], order, multi, comma, quote_comma, multi_comma)
+    comma_key = (
+        np.array([i for i, text in enumerate(texts) if _COMMA_KEY.search(text)], dtype=np.int64),
+        np.array([i for i, text in enumerate(texts) if _STRING_COMMA_KEY.search(text)], dtype=np.int64),
+    )  # [ck] int64 each
+    opening = {i: text.lstrip(b" \t\n\r") for i, text in enumerate(texts) if text.lstrip(b" \t\n\r")[:1] == b'"'}
+    key_order = sorted(opening, key=opening.__getitem__)
+    starts = np.zeros(-(-len(texts) // 32) * 32, dtype=bool)  # [32 * ceil(V / 32)]
+    starts[key_order] = True
+    return KeyVocab(
+        texts, [texts[i] for i in order], order, multi, comma, quote_comma, comma_key,
+        [opening[i] for i in key_order], key_order, pack(starts),
+    )  # fmt: skip
 
 
 LENGTH_TAILS = 64
