@@ -82,12 +82,13 @@ def written_forms(names: Iterable[str]) -> frozenset[bytes]:
     return frozenset(forms)
 
 
-def key_stalls(mode: int, text: bytes, written: frozenset[bytes], names: Names) -> bool:
-    """Whether, in scanner ``mode``, the key being written (``text``: its bytes so far after the opening
-    quote) can no longer become one of ``names`` its object lacks (``written``); False where ``names``
-    is None or no key is being written. After a ``,`` (mode ``KEY``) that is: no name is left."""
-    if names is None or mode not in _KEY_WRITING:
+def key_stalls(scan: JsonScan, written: frozenset[bytes], names: Names) -> bool:
+    """Whether the key ``scan`` is writing (its text after the opening quote so far) can no longer become
+    one of ``names`` its object lacks (``written``); False where ``names`` is None or no key is being
+    written. After a ``,`` (mode ``KEY``) that is: no name is left."""
+    if names is None or scan.mode not in _KEY_WRITING:
         return False
+    text = b"" if scan.mode == KEY else scan.text[1:]
     return not any(name.startswith(text) and name not in written for name in names)
 
 
@@ -182,11 +183,7 @@ class KeyState:
 
     def stalls(self) -> bool:
         """Whether the key being written can no longer become one its object lacks (:func:`key_stalls`)."""
-        if not self.names or self.names[-1] is None:
-            return False
-        mode = self.scan.mode
-        text = self.scan.text[1:] if mode in (IN_KEY, KEY_ESCAPE) else b""
-        return key_stalls(mode, text, self.stack[-1] or frozenset(), self.names[-1])
+        return bool(self.names) and key_stalls(self.scan, self.stack[-1] or frozenset(), self.names[-1])
 
     def most_forbidden(
         self,

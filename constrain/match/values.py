@@ -296,11 +296,7 @@ class ValueState:
     def _stalls(self, names: Names) -> bool:
         """Whether the key being written can no longer become one of ``names`` (those its object may hold,
         or None) that the object lacks (:func:`~constrain.match.keys.key_stalls`)."""
-        if names is None:
-            return False
-        mode = self.scan.mode
-        text = self.scan.text[1:] if mode in (IN_KEY, KEY_ESCAPE) else b""
-        return key_stalls(mode, text, self.stack[-1].written, names)
+        return names is not None and key_stalls(self.scan, self.stack[-1].written, names)
 
     def _string_bound(self) -> int | None:
         """The checked ``maxLength`` of the string value being written (:meth:`Checks.string_bound`), or
