@@ -274,7 +274,8 @@ OPEN_OBJECTS = st.builds(
 def _scans_agree_along_a_walk(tokenizer, schema: dict, walk_seed: int, steps: int = 60) -> int:
     """At each step of a random walk, the candidates' verdicts (``ValueState._violations``: texts grouped,
     inert ones skipped) equal scanning each token's whole text: over the candidates the grammar allows, and
-    48 other allowed tokens. Returns how many refusals were compared."""
+    48 other allowed tokens, those the key guard lets stand (it clears the others first: ``check_row``).
+    Returns how many refusals were compared."""
     compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), tokenizer)
     matcher, rng, refused = compiled.matcher(), random.Random(walk_seed), 0
     for _ in range(steps):
@@ -287,6 +288,9 @@ def _scans_agree_along_a_walk(tokenizer, schema: dict, walk_seed: int, steps: in
         candidates = state._candidates()[0]
         chosen = set() if candidates is None else set(allowed) & set(candidates.tolist())
         allowed = sorted(chosen | set(rng.sample(allowed, min(SAMPLED, len(allowed)))))
+        if state.key_vocab is not None:
+            guard = state.key_state()
+            allowed = [t for t in allowed if guard.advance(t) is not None]
         whole = [t for t in allowed if state.advance_bytes(state.vocab.texts[t]) is None]
         assert state._violations(allowed) == whole, (schema, matcher.num_accepted)
         refused += len(whole)
