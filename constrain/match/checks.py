@@ -471,8 +471,9 @@ class ValueChecks:
         """The keys an object at ``location`` may hold, as written (:func:`~constrain.match.keys.written_forms`),
         where they are a finite set: per alternative, the properties of its subschemas that take no
         others (``additionalProperties: false``, no ``patternProperties``; those of all of them), or in
-        closed mode, where none says what else it holds, every one they declare or require (closing takes
-        each object as its subschemas merge); the union over the alternatives. None where some alternative may
+        closed mode, where one declares ``properties`` and none says what else it holds, every one they
+        declare or require (closing takes each object as its subschemas merge); the union over the
+        alternatives. None where some alternative may
         take other keys. The key guard refuses a key that cannot become one of them as it is written
         (:mod:`constrain.match.keys`)."""
         if location in self._key_names:
@@ -488,7 +489,7 @@ class ValueChecks:
         """The keys an object may hold where every subschema of ``alternative`` applies (``key_names``)."""
         taken: set[str] | None = None  # the properties of those that take no others, in common
         declared: set[str] = set()
-        says_open = False
+        says_open, closes = False, False  # closed mode closes an object where some subschema declares properties
         for index in alternative:
             node = self.nodes[index]
             types = node.get("type")
@@ -496,12 +497,13 @@ class ValueChecks:
                 return set()  # no object stands here
             properties = node.get("properties")
             own = set(properties) if isinstance(properties, dict) else set()
+            closes = closes or isinstance(properties, dict)
             if node.get("additionalProperties") is False and not node.get("patternProperties"):
                 taken = own if taken is None else taken & own
             required = node.get("required") if isinstance(node.get("required"), list) else ()
             declared |= own | {key for key in required if isinstance(key, str)}
             says_open = says_open or says_what_else(node)
-        if taken is None and self.closed and declared and not says_open:
+        if taken is None and self.closed and closes and not says_open:
             return declared
         return taken
 

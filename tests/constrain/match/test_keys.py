@@ -110,6 +110,7 @@ def test_the_keys_an_object_may_hold(smol_tokenizer):
     assert names(closed) == sorted([b"a", "é".encode(), b"\\u00e9"])  # as JSON may write them
     assert names({"properties": {"a": {}}}) is None  # open
     assert names({"properties": {"a": {}}, "required": ["b"]}, closed=True) == [b"a", b"b"]  # closed mode
+    assert names({"required": ["b"]}, closed=True) is None  # no properties: closed mode leaves it open
     assert names({"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, closed=True) is None
     assert names({**closed, "patternProperties": {"^x": {}}}) is None
     assert names({"anyOf": [closed, {"type": "string"}]}) == names(closed)  # a string branch holds no key
