@@ -57,7 +57,7 @@ from constrain.jsonscan import (
     JsonSyntaxError,
 )
 from constrain.match.bitmask import allowed_among, clear_bits, count_allowed, set_bits
-from constrain.match.vocab import KeyVocab, key_vocab
+from constrain.match.vocab import KEPT_KEYS, KeyVocab, key_vocab
 
 __all__ = ["KeyState", "Names", "key_stalls", "may_repeat_keys", "written_forms"]
 
@@ -225,8 +225,9 @@ class KeyState:
     def _scanned(self) -> list[np.ndarray]:
         """The tables of tokens :meth:`forbid_duplicates` scans one by one: from inside a string value a
         token must close it, then open and close a key (three quotes); elsewhere two. Where an open
-        object's keys are known, also those that may start a next key after a ``,``: those that begin a key
-        after it where every such object has a key left, else any (with a ``"`` first from inside a string)."""
+        object's keys are known, also those that may start a next key after a ``,`` (with a ``"`` first from
+        inside a string): those that begin a key after it where every such object has a key left, and only
+        those holding a ``}`` or ``]`` where the innermost container's keys are not known."""
         mode, vocab = self.scan.mode, self.vocab
         in_string = mode in (IN_STRING, STRING_ESCAPE)
         tables = [vocab.multi_quote[mode == IN_STRING]]
@@ -236,9 +237,9 @@ class KeyState:
             names is None or any(name not in (written or ()) for name in names)
             for names, written in zip(self.names, self.stack, strict=True)
         )  # a bare "," stalls nowhere
-        if left:  # only a key begun after it may stall
-            return [*tables, vocab.comma_key[in_string]]
-        return [*tables, vocab.quote_comma if in_string else vocab.comma]
+        # only a key begun after it may stall, where a key is left; where the innermost object's keys are not
+        # known (or it is an array), only where the token leaves it first
+        return [*tables, vocab.after_comma[in_string, left, self.names[-1] is None]]
 
     def _completing_written(self, so_far: bytes) -> list[int]:
         """Inside a key written so far as ``so_far``: the tokens that complete one its object has (a prefix
@@ -268,6 +269,22 @@ class KeyState:
         if mode == KEY and not left:
             words[:] = 0
             return
+        key = (inside, so_far, frozenset(left))
+        kept = vocab.kept.get(key)  # [k] int64
+        if kept is None:
+            kept = np.array(self._writing(inside, so_far, left), dtype=np.int64)
+            if len(vocab.kept) >= KEPT_KEYS:
+                vocab.kept.clear()
+            vocab.kept[key] = kept
+        keep = np.zeros_like(words) if inside else ~vocab.key_start[: len(words)]  # [ceil(V / 32)] int32
+        set_bits(keep, kept)
+        words &= keep
+
+    def _writing(self, inside: bool, so_far: bytes, left: list[bytes]) -> list[int]:
+        """The tokens that go on writing one of the keys ``left`` (each starting with ``so_far``) or complete
+        it: inside the key, those whose text does; where a key may start, those whose text from its first
+        ``"`` on does (prefix searches in the sorted vocabulary)."""
+        vocab = self.vocab
         if inside:
             texts, ids, opening = vocab.sorted_texts, vocab.sorted_ids, b""
         else:
@@ -280,9 +297,7 @@ class KeyState:
                 kept += ids[lo : bisect.bisect_right(texts, rest[:end], lo)]
             lo = bisect.bisect_left(texts, rest + b'"')  # and those that complete it, and go on
             kept += ids[lo : bisect.bisect_left(texts, rest + b'"\xff', lo)]
-        keep = np.zeros_like(words) if inside else ~vocab.key_start[: len(words)]  # [ceil(V / 32)] int32
-        set_bits(keep, kept)
-        words &= keep
+        return kept
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:

@@ -222,16 +222,22 @@ class KeyVocab:
     sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
     sorted_ids: list[int]  # the token id of each sorted text
     multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
-    comma: np.ndarray  # [c] int64: ids of the tokens holding ',' (they may start an object's next key)
-    quote_comma: np.ndarray  # [qc] int64: ids holding '"' and ','
-    # [ck] int64: ids that may begin a key after a ',' (a ',' then a '"' and more); from inside a string
-    # (a '"' first, to close it)
-    comma_key: tuple[np.ndarray, np.ndarray]
+    # the tokens that may start an object's next key, by (from inside a string, only those that may begin
+    # one after the ',', only those holding '}' or ']'): [c] int64 ids holding a ','; from inside a string,
+    # a '"' too (to close it); beginning a key: a '"' and more after the ','; holding a closer: they may
+    # leave the innermost container first
+    after_comma: dict[tuple[bool, bool, bool], np.ndarray]
     # the tokens that open a key where one may start: '"' first, after any whitespace; their texts from
     # that '"' on, sorted (prefix search), and the ids of each; and the tokens as bitmask words
     key_sorted_texts: list[bytes]
     key_sorted_ids: list[int]
     key_start: np.ndarray  # [ceil(V / 32)] int32
+    # per (inside a key, its text so far, the known keys left that it may become): the ids of the tokens
+    # that go on writing one of them (``KeyState``'s prefix searches, kept: objects of a schema recur);
+    # starts over at KEPT_KEYS entries (thread-safe: what two threads build is equal)
+    kept: dict[tuple[bool, bytes, frozenset[bytes]], np.ndarray] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 _COMMA_KEY = re.compile(rb',[^"]*"[^"]')
@@ -247,20 +253,31 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     quotes = vocab.per_token(vocab.data == ord('"'))  # [V]
     multi = (np.flatnonzero(quotes >= 2), np.flatnonzero(quotes >= 3))  # [m] int64 each
     commas = vocab.per_token(vocab.data == ord(",")) > 0  # [V] bool
-    comma, quote_comma = np.flatnonzero(commas), np.flatnonzero(commas & (quotes > 0))  # [c], [qc] int64
-    comma_key = (
-        np.array([i for i, text in enumerate(texts) if _COMMA_KEY.search(text)], dtype=np.int64),
-        np.array([i for i, text in enumerate(texts) if _STRING_COMMA_KEY.search(text)], dtype=np.int64),
-    )  # [ck] int64 each
+    closing = vocab.per_token((vocab.data == ord("}")) | (vocab.data == ord("]"))) > 0  # [V] bool
+    begins = {  # [V] bool: may begin a key after a ',' (from inside a string or not)
+        in_string: np.array([bool(pattern.search(text)) for text in texts])
+        for in_string, pattern in ((False, _COMMA_KEY), (True, _STRING_COMMA_KEY))
+    }
+    after_comma = {
+        (in_string, key, closer): np.flatnonzero(
+            (begins[in_string] if key else commas & ((quotes > 0) | (not in_string))) & (closing | (not closer))
+        )
+        for in_string in (False, True)
+        for key in (False, True)
+        for closer in (False, True)
+    }
     opening = {i: text.lstrip(b" \t\n\r") for i, text in enumerate(texts) if text.lstrip(b" \t\n\r")[:1] == b'"'}
     key_order = sorted(opening, key=opening.__getitem__)
     starts = np.zeros(-(-len(texts) // 32) * 32, dtype=bool)  # [32 * ceil(V / 32)]
     starts[key_order] = True
     return KeyVocab(
-        texts, [texts[i] for i in order], order, multi, comma, quote_comma, comma_key,
+        texts, [texts[i] for i in order], order, multi, after_comma,
         [opening[i] for i in key_order], key_order, pack(starts),
     )  # fmt: skip
 
+
+KEPT_KEYS = 4096
+"""Entries of :attr:`KeyVocab.kept` (each the ids of the tokens that may go on writing a key)."""
 
 LENGTH_TAILS = 64
 """Unsettled string tails (an escape or a character begun) whose token lengths a :class:`ValueVocab` keeps."""
