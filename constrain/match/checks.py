@@ -473,9 +473,8 @@ class ValueChecks:
         others (``additionalProperties: false``, no ``patternProperties``; those of all of them), or in
         closed mode, where one declares ``properties`` and none says what else it holds, every one they
         declare or require (closing takes each object as its subschemas merge); the union over the
-        alternatives. None where some alternative may
-        take other keys. The key guard refuses a key that cannot become one of them as it is written
-        (:mod:`constrain.match.keys`)."""
+        alternatives. None where some alternative may take other keys. The key guard refuses a key that
+        cannot become one of them as it is written (:mod:`constrain.match.keys`)."""
         if location in self._key_names:
             return self._key_names[location]
         parts = [self._alternative_names(alternative) for alternative in location]

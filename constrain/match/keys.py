@@ -198,7 +198,7 @@ class KeyState:
         mode, top = self.scan.mode, self.names[-1] if self.names else None
         if mode in (IN_KEY, KEY_ESCAPE) or (top is not None and mode in (KEY, FIRST_KEY)):
             return count_allowed(row)
-        return sum(len(allowed_among(row, ids)) for ids in self._scanned())
+        return sum(len(allowed_among(row, ids)) for ids in self._scanned(known))
 
     def forbid_duplicates(
         self,
@@ -217,21 +217,22 @@ class KeyState:
             self._keep_known_keys(row.numpy(), top)
         elif mode in (IN_KEY, KEY_ESCAPE):
             banned += self._completing_written(self.scan.text[1:])
-        allowed = [allowed_among(row, ids) for ids in self._scanned()]
+        allowed = [allowed_among(row, ids) for ids in self._scanned(known)]
         candidates = np.unique(np.concatenate(allowed)) if len(allowed) > 1 else allowed[0]  # [k] int64
         banned += [token for token in candidates.tolist() if self.advance(token) is None]
         clear_bits(row, banned)
 
-    def _scanned(self) -> list[np.ndarray]:
+    def _scanned(self, known: bool) -> list[np.ndarray]:
         """The tables of tokens :meth:`forbid_duplicates` scans one by one: from inside a string value a
         token must close it, then open and close a key (three quotes); elsewhere two. Where an open
         object's keys are known, also those that may start a next key after a ``,`` (with a ``"`` first from
         inside a string): those that begin a key after it where every such object has a key left, and only
-        those holding a ``}`` or ``]`` where the innermost container's keys are not known."""
+        those holding a ``}`` or ``]`` where the innermost container's keys are not known. ``known``: whether
+        any open object's keys are."""
         mode, vocab = self.scan.mode, self.vocab
         in_string = mode in (IN_STRING, STRING_ESCAPE)
         tables = [vocab.multi_quote[mode == IN_STRING]]
-        if not any(names is not None for names in self.names) or mode in (IN_KEY, KEY_ESCAPE):
+        if not known or mode in (IN_KEY, KEY_ESCAPE):
             return tables
         left = all(
             names is None or any(name not in (written or ()) for name in names)
