@@ -131,9 +131,10 @@ AFTER_KEPT = 8
 """Tokens whose next state a :class:`KeyState` keeps (the drawn token's check and its acceptance scan once)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KeyState:
-    """Where the output stands in its JSON value, and the keys of every open object. Immutable."""
+    """Where the output stands in its JSON value, and the keys of every open object. Never changed once
+    made (not frozen: see :class:`~constrain.match.values.ValueState`)."""
 
     vocab: KeyVocab
     scan: JsonScan = START

@@ -12,6 +12,7 @@ The loop a matcher serves, per decode step:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,10 +35,11 @@ __all__ = ["Compiled", "Matcher", "fill_next_token_bitmasks"]
 _State = TypeVar("_State")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Trail(Generic[_State]):
     """A scanner's state after each accepted token, newest first, as a linked list: a fork shares it
-    (O(1)), an accepted token links one node, a rollback of n tokens walks n links back."""
+    (O(1)), an accepted token links one node, a rollback of n tokens walks n links back. Never changed
+    once made (not frozen: one is made per accepted token, see :class:`~constrain.match.values.ValueState`)."""
 
     state: _State
     before: _Trail[_State] | None = None
@@ -202,8 +204,7 @@ class Matcher:
         """The value checks' part of :meth:`check_row`."""
         if self._values is None:
             return VIABLE
-        viable = None if self.searching else (lambda token: self._viable(token, 2))
-        status = self._values.state.forbid_violations(row, self._eos, viable)
+        status = self._values.state.forbid_violations(row, self._eos, None if self.searching else self._viable_next)
         if status == DEAD_END and self.searching:
             row.zero_()
         return status
@@ -251,17 +252,27 @@ class Matcher:
             if state.advance(token_id, strict=False) is None:  # (the strict state is kept for accept_token)
                 return False  # it completes a key its object has: the value checks' scan is the key guard
 
-        def allowed() -> int:  # what the row allows once the key guard has run (exact up to LOOKAHEAD_TOKENS)
-            count = count_allowed(row)
-            guard = None if count <= LOOKAHEAD_TOKENS else self._key_guard()
-            if guard is None or count - guard.most_forbidden(row) > LOOKAHEAD_TOKENS:
-                return count  # (a bound, on the same side of LOOKAHEAD_TOKENS as the guarded count)
-            guarded = row.clone()  # [ceil(V / 32)] int32
-            guard.forbid_duplicates(guarded)
-            return count_allowed(guarded)
+        allowed = functools.partial(self._allowed_count, row)
+        return not state.refuses(token_id, allowed, self._eos, None if self.searching else self._viable_next)
 
-        viable = None if self.searching else (lambda token: self._viable(token, 2))
-        return not state.refuses(token_id, allowed, self._eos, viable)
+    def _allowed_count(
+        self,
+        # [ceil(V / 32)] int32 on the CPU: this step's row as filled with checks=False (read only)
+        row: torch.Tensor,
+    ) -> int:
+        """How many tokens ``row`` allows once the key guard has run, exact up to LOOKAHEAD_TOKENS (past it,
+        a bound on the same side: what :meth:`allows` asks where the look-ahead may apply)."""
+        count = count_allowed(row)
+        guard = None if count <= LOOKAHEAD_TOKENS else self._key_guard()
+        if guard is None or count - guard.most_forbidden(row) > LOOKAHEAD_TOKENS:
+            return count
+        guarded = row.clone()  # [ceil(V / 32)] int32
+        guard.forbid_duplicates(guarded)
+        return count_allowed(guarded)
+
+    def _viable_next(self, token_id: int) -> bool:
+        """The look-ahead of a step: :meth:`_viable` at depth 2."""
+        return self._viable(token_id, 2)
 
     def at_dead_end(self) -> bool:
         """Whether no token the grammar allows now can lead to a valid value (see the class). Fills a

@@ -102,9 +102,10 @@ _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
 _WHITESPACE_RUN = regex.compile(rb"[ \t\n\r]+")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Frame:
-    """An open container: where it stands, and what it holds so far."""
+    """An open container: where it stands, and what it holds so far. Never changed once made (not frozen:
+    one is made per value completed, see :class:`ValueState`)."""
 
     location: Dnf
     is_object: bool
@@ -202,9 +203,11 @@ def _location(checks: Checks, stack: tuple[_Frame, ...]) -> Dnf:
     return checks.child(top.location, top.key if top.key is not None else len(top.items))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ValueState:
-    """The output as JSON values being built, and where each stands in the schema. Immutable."""
+    """The output as JSON values being built, and where each stands in the schema. Never changed once
+    made (not a frozen dataclass: one is made per token and probe, and a frozen one costs three times
+    as much to make)."""
 
     checks: Checks
     vocab: ValueVocab
@@ -263,14 +266,16 @@ class ValueState:
         run inside a string or key (no quote, no backslash) is appended to the scan's text without the
         scanner: nothing completes in it."""
         scan = self.scan
-        if scan.extends(data):
-            if scan.mode == IN_STRING and self._candidates()[0] is None:
-                return self, len(data)
-            after = self._after_scan(scan.extended(data), self.stack, self._memo)
+        mode = scan[0]
+        if (mode == IN_STRING or mode == IN_KEY) and b'"' not in data and b"\\" not in data:  # scan.extends(data)
+            if mode == IN_STRING:
+                if self._candidates()[0] is None:
+                    return self, len(data)
+                after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, key_vocab=self.key_vocab)
+                return (None, 0) if strict and after._too_long() else (after, len(data))
+            after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, key_vocab=self.key_vocab)
             guarded = self.key_vocab is not None and bool(self.stack)  # (a key is written inside an object)
-            if (strict and after._too_long()) or (guarded and after._stalls(self.stack[-1].names)):
-                return None, 0
-            return after, len(data)
+            return (None, 0) if guarded and after._stalls(self.stack[-1].names) else (after, len(data))
         values = _Values(self.checks, self.stack, strict, self.key_vocab is not None)
         try:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
