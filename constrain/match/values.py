@@ -268,12 +268,11 @@ class ValueState:
         scan = self.scan
         mode = scan[0]
         if (mode == IN_STRING or mode == IN_KEY) and b'"' not in data and b"\\" not in data:  # scan.extends(data)
+            if mode == IN_STRING and self._candidates()[0] is None:
+                return self, len(data)
+            after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, {}, self.key_vocab)
             if mode == IN_STRING:
-                if self._candidates()[0] is None:
-                    return self, len(data)
-                after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, key_vocab=self.key_vocab)
                 return (None, 0) if strict and after._too_long() else (after, len(data))
-            after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, key_vocab=self.key_vocab)
             guarded = self.key_vocab is not None and bool(self.stack)  # (a key is written inside an object)
             return (None, 0) if guarded and after._stalls(self.stack[-1].names) else (after, len(data))
         values = _Values(self.checks, self.stack, strict, self.key_vocab is not None)
