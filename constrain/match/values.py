@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import regex
 import torch
 
 from constrain.backends.tokenizer import TokenizerInfo
@@ -99,7 +98,6 @@ class Checks(Protocol):
 
 # -- the scanner ------------------------------------------------------------------------------
 _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
-_WHITESPACE_RUN = regex.compile(rb"[ \t\n\r]+")
 
 
 @dataclass(slots=True)
@@ -540,7 +538,7 @@ class ValueState:
         nothing checks that value), then the rest, scanned only where it completes something.
         Outside strings only the structure counts: texts differing in whitespace runs alone are
         scanned once."""
-        texts, found, mode = self.vocab.texts, [], self.scan.mode
+        found, mode = [], self.scan.mode
         verdicts: dict[bytes, bool] = {}
         heads: dict[bytes, ValueState | None] = {}
         splits = mode in (IN_STRING, IN_KEY)
@@ -550,13 +548,9 @@ class ValueState:
         elif self.stack and mode in OUTSIDE:
             inert_from = mode
         in_object = bool(self.stack) and self.stack[-1].is_object
+        parts = self.vocab.parts
         for token in tokens:
-            text = texts[token]
-            cut, escaped = 0, splits and b"\\" in text
-            if splits:  # past the closing quote (an escape in the text: all of it is scanned as one)
-                cut = (0 if escaped else text.find(b'"') + 1) or len(text)
-            head, rest = text[:cut], text[cut:]
-            rest = rest if b'"' in rest else _WHITESPACE_RUN.sub(b" ", rest)
+            escaped, head, rest = parts(token, splits)  # (an escape in a string's text: all of it is the head)
             if inert_from is not None and not escaped and _inert(rest, inert_from, in_object):
                 continue
             bad = verdicts.get(head + rest)
