@@ -268,7 +268,7 @@ class ValueState:
         if (mode == IN_STRING or mode == IN_KEY) and b'"' not in data and b"\\" not in data:  # scan.extends(data)
             if mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
-            after = ValueState(self.checks, self.vocab, scan.extended(data), self.stack, self._memo, {}, self.key_vocab)
+            after = self._after_scan(scan.extended(data), self.stack, self._memo)
             if mode == IN_STRING:
                 return (None, 0) if strict and after._too_long() else (after, len(data))
             guarded = self.key_vocab is not None and bool(self.stack)  # (a key is written inside an object)
