@@ -37,6 +37,7 @@ A grammar's text may also embed JSON values (tool calls' arguments,
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -159,11 +160,19 @@ class ValueChecks:
         self._index: dict[int, int] = {}
         checked = {(e.pointer, e.keyword) for e in coverage if e.status in ("checked", "approximated")}
         self._loose: dict[int, set[str] | None] = {}  # per own subschema, its keywords beyond the grammar (None: all)
-        self._edges: dict[int, list[int]] = {}  # per subschema index, those directly inside it and its $ref's
-        self._parents: dict[int, list[int]] | None = None  # ``_edges`` reversed (``_reaching``)
+        # per subschema index, those directly inside it and its $ref's; and reversed (``_reaching``): tuples of
+        # ints, which the collector leaves alone (see ``_numbered``)
+        self._edges: dict[int, tuple[int, ...]] = {}
+        self._parents: dict[int, tuple[int, ...]] | None = None
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
-        self._verdicts: dict[tuple[Dnf, str, Any], bool] = {}  # by location, how judged, the value
+        # the verdicts are keyed by a location's number (``_number``), not the location: a key of atomic
+        # values only is left alone by Python's collector once it has seen it, where a tuple holding a
+        # frozenset is walked at every full collection (a third of a process's objects, 80,000, once it
+        # had replayed MaskBench's 400-schema sample)
+        self._numbered: dict[Dnf, int] = {}
+        self._count = itertools.count()  # the next location's number (``next`` is atomic: thread-safe)
+        self._verdicts: dict[tuple[int, str, Any], bool] = {}  # by location's number, how judged, the value
         self._validators: dict[tuple[int, bool], Any] = {}  # per subschema index and ``loose``: its validator
         self._members: dict[tuple[int, str], Dnf] = {}  # per subschema index and declared property, its location
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
@@ -207,7 +216,7 @@ class ValueChecks:
     def _find_needing(self, checked: set[tuple[str, str]], everywhere: set[str]) -> frozenset[int]:
         """The subschemas under which some keyword is beyond the grammar (themselves included). Records,
         per subschema that holds one itself (``_own``), which keywords those are (``_loose``)."""
-        edges: dict[int, list[int]] = {}
+        edges: dict[int, tuple[int, ...]] = {}
         stack: list[Any] = [self.root]
         while stack:
             node = stack.pop()
@@ -217,7 +226,7 @@ class ValueChecks:
             if loose:
                 self._loose[index] = loose
             subs = [*subschemas(node), self._target(node)]
-            edges[index] = [self._loc(sub) for sub in subs if isinstance(sub, dict)]
+            edges[index] = tuple(self._loc(sub) for sub in subs if isinstance(sub, dict))
             stack += subs
         self._edges = edges
         for pointer, keyword in checked:
@@ -237,10 +246,11 @@ class ValueChecks:
         """The subschemas from which one of ``seeds`` can be reached (inside them, or through a ``$ref``),
         the seeds included."""
         if self._parents is None:
-            self._parents = {}
+            parents: dict[int, list[int]] = {}
             for parent, children in self._edges.items():
                 for child in children:
-                    self._parents.setdefault(child, []).append(parent)
+                    parents.setdefault(child, []).append(parent)
+            self._parents = {child: tuple(found) for child, found in parents.items()}
         found = set(seeds)
         frontier = list(found)
         while frontier:
@@ -362,6 +372,15 @@ class ValueChecks:
             location = _and(location, self.expand(part))
         return location
 
+    def _number(self, location: Dnf) -> int:
+        """``location``'s number in the verdicts' keys: the same for equal locations, never reused."""
+        found = self._numbered.get(location)
+        if found is None:
+            if len(self._numbered) >= MEMO_ENTRIES:
+                self._numbered.clear()  # (a location numbered again only misses the entries of its old number)
+            found = self._numbered.setdefault(location, next(self._count))
+        return found
+
     # -- checks -----------------------------------------------------------------------------
     def needs(self, location: Dnf) -> bool:
         """Whether the grammar alone is not exact at ``location`` (there or below)."""
@@ -416,7 +435,7 @@ class ValueChecks:
             how, valid = "whole", self._valid
         else:
             how, valid = "loose", self._loose_valid
-        key = (location, how, as_key)
+        key = (self._number(location), how, as_key)
         verdict = self._verdicts.get(key)
         if verdict is not None:
             self.hits += 1
@@ -440,7 +459,7 @@ class ValueChecks:
         alternatives = self._number_alternatives(location)
         if alternatives is None:
             return True
-        key = (location, "number", text)
+        key = (self._number(location), "number", text)
         verdict = self._verdicts.get(key)
         if verdict is None:
             verdict = viable_under(text.decode("ascii", "replace"), alternatives)

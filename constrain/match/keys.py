@@ -246,7 +246,7 @@ class KeyState:
     def _completing_written(self, so_far: bytes) -> list[int]:
         """Inside a key written so far as ``so_far``: the tokens that complete one its object has (a prefix
         search in the sorted vocabulary per such key)."""
-        texts, ids, banned = self.vocab.sorted_texts, self.vocab.sorted_ids, []
+        texts, ids, banned = self.vocab.sorted_texts, self.vocab.sorted_ids, list[int]()
         for key in self.stack[-1] or ():
             if key.startswith(so_far):
                 prefix = key[len(so_far) :] + b'"'

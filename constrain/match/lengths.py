@@ -17,6 +17,8 @@ token's add up, so a mask row is cleared of the tokens too long at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import regex
 
@@ -76,7 +78,7 @@ def written_length(content: bytes) -> tuple[int, int]:
     return count, settled
 
 
-def token_lengths(texts: list[bytes], tail: bytes = b"") -> np.ndarray:
+def token_lengths(texts: Sequence[bytes], tail: bytes = b"") -> np.ndarray:
     """``[V]`` int32: per token's bytes, the characters they add to a string up to their first closing quote
     (an escaped one, ``\\"``, is a character), after a settled text and its unsettled last piece ``tail``
     (:func:`written_length`; counted as a character already)."""

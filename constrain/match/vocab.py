@@ -56,10 +56,12 @@ order (:attr:`ClosingVocab.rank`) and the greedy closing follow it."""
 class TokenTexts:
     """Every token's bytes, as the engine decodes them."""
 
-    pieces: list[bytes]  # per token id the tokenizer has (special tokens included), its bytes
+    # (tuples, here and below: the collector leaves a tuple of bytes or ints alone once it has seen it, where
+    # it would walk a list's tens of thousands of items at every full collection)
+    pieces: tuple[bytes, ...]  # per token id the tokenizer has (special tokens included), its bytes
     # per token id up to the model's vocab_size (at least), its bytes; b"" for the special tokens
     # and for the ids past the tokenizer (padded embeddings)
-    texts: list[bytes]
+    texts: tuple[bytes, ...]
     special: frozenset[int]  # the tokenizer's special token ids (EOS ids are ``info.eos_token_ids``)
     data: np.ndarray  # [N] uint8: ``texts`` end to end (what the tables below are computed from, vectorized)
     owner: np.ndarray  # [N] int64: per byte of ``data``, the token id it belongs to
@@ -97,7 +99,7 @@ def token_texts(info: TokenizerInfo) -> TokenTexts:
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))  # [V]
     data = np.frombuffer(b"".join(texts), dtype=np.uint8)  # [N]
     owner = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)  # [N]
-    return TokenTexts(pieces, texts, special, data, owner, np.cumsum(lengths) - lengths, lengths)
+    return TokenTexts(tuple(pieces), tuple(texts), special, data, owner, np.cumsum(lengths) - lengths, lengths)
 
 
 @bounded("match.vocab.engine_version", maxsize=1)
@@ -145,14 +147,14 @@ class ClosingVocab:
     """The tables the closing search (:mod:`constrain.match.closing`) moves by."""
 
     char_tokens: dict[str, int]  # one-character texts (ASCII) -> their token id
-    pieces: list[bytes]  # per token id, its bytes (``TokenTexts.pieces``)
+    pieces: tuple[bytes, ...]  # per token id, its bytes (``TokenTexts.pieces``)
     # [32 * ceil(V / 32)] int64: per token id, its place in the search's move order; -1: never a move
     # (special and EOS tokens, empty pieces, ids past the tokenizer)
     rank: np.ndarray
     char_ids: np.ndarray  # [C] int64: the single-character token ids, in move order
     by_piece: dict[bytes, int]  # bytes -> the first token id (in move order) with them
-    sorted_pieces: list[bytes]  # the keys of ``by_piece``, sorted (to find the tokens that start with some bytes)
-    longest: list[int]  # per first byte, the bytes in the longest piece that starts with it
+    sorted_pieces: tuple[bytes, ...]  # the keys of ``by_piece``, sorted (to find the tokens that start with some bytes)
+    longest: tuple[int, ...]  # per first byte, the bytes in the longest piece that starts with it
 
     def cover(self, text: bytes, limit: int) -> tuple[list[int] | None, list[list[int]]]:
         """The fewest tokens that spell ``text`` (None: no tokens do), and up to ``limit`` token sequences
@@ -211,16 +213,16 @@ def closing_vocab(info: TokenizerInfo) -> ClosingVocab:
     ids = np.fromiter(by_piece.values(), dtype=np.int64, count=len(by_piece))  # [P]
     longest = np.zeros(256, dtype=np.int64)
     np.maximum.at(longest, vocab.data[vocab.starts[ids]], lengths[ids])
-    return ClosingVocab(chars, pieces, rank, char_ids, by_piece, sorted(by_piece), longest.tolist())
+    return ClosingVocab(chars, pieces, rank, char_ids, by_piece, tuple(sorted(by_piece)), tuple(longest.tolist()))
 
 
 @dataclass(frozen=True, slots=True)
 class KeyVocab:
     """The key scanner's tables (:mod:`constrain.match.keys`)."""
 
-    texts: list[bytes]  # per token id, its bytes (b"" for special tokens): ``TokenTexts.texts``
-    sorted_texts: list[bytes]  # the non-empty texts, sorted (prefix search)
-    sorted_ids: list[int]  # the token id of each sorted text
+    texts: tuple[bytes, ...]  # per token id, its bytes (b"" for special tokens): ``TokenTexts.texts``
+    sorted_texts: tuple[bytes, ...]  # the non-empty texts, sorted (prefix search)
+    sorted_ids: tuple[int, ...]  # the token id of each sorted text
     multi_quote: tuple[np.ndarray, np.ndarray]  # [m] int64: ids of the tokens holding two or more '"'; three or more
     # the tokens that may start an object's next key, by (from inside a string, only those that may begin
     # one after the ',', only those holding '}' or ']'): [c] int64 ids holding a ','; from inside a string,
@@ -229,8 +231,8 @@ class KeyVocab:
     after_comma: dict[tuple[bool, bool, bool], np.ndarray]
     # the tokens that open a key where one may start: '"' first, after any whitespace; their texts from
     # that '"' on, sorted (prefix search), and the ids of each; and the tokens as bitmask words
-    key_sorted_texts: list[bytes]
-    key_sorted_ids: list[int]
+    key_sorted_texts: tuple[bytes, ...]
+    key_sorted_ids: tuple[int, ...]
     key_start: np.ndarray  # [ceil(V / 32)] int32
     # per (inside a key, its text so far, the known keys left that it may become): the ids of the tokens
     # that go on writing one of them (``KeyState``'s prefix searches, kept: objects of a schema recur);
@@ -271,8 +273,8 @@ def key_vocab(info: TokenizerInfo) -> KeyVocab:
     starts = np.zeros(-(-len(texts) // 32) * 32, dtype=bool)  # [32 * ceil(V / 32)]
     starts[key_order] = True
     return KeyVocab(
-        texts, [texts[i] for i in order], order, multi, after_comma,
-        [opening[i] for i in key_order], key_order, pack(starts),
+        texts, tuple(texts[i] for i in order), tuple(order), multi, after_comma,
+        tuple(opening[i] for i in key_order), tuple(key_order), pack(starts),
     )  # fmt: skip
 
 
@@ -293,7 +295,7 @@ class ValueVocab:
     """The value scanner's tables (:mod:`constrain.match.values`): per token, its bytes; and the ids of
     the tokens that can complete a value, per scanner mode."""
 
-    texts: list[bytes]  # per token id, its bytes (b"" for special tokens): ``TokenTexts.texts``
+    texts: tuple[bytes, ...]  # per token id, its bytes (b"" for special tokens): ``TokenTexts.texts``
     quote: np.ndarray  # [q] int64: ids holding '"' (in a string: they may close it)
     quote_closer: np.ndarray  # [qc] int64: ids holding '"' and a closer (close a string, then a container)
     value_end: np.ndarray  # [e] int64: a closer, two '"' or whitespace after other text (outside strings)

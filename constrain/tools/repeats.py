@@ -58,7 +58,7 @@ class CallParser(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Pieces:
-    raw: list[bytes]  # per token id, its bytes
+    raw: tuple[bytes, ...]  # per token id, its bytes
     skip: frozenset[int]  # special and EOS tokens: never filtered
     closers: np.ndarray  # [n] int64: the ids of the tokens whose text holds a '"' and a "}"
 

@@ -58,7 +58,7 @@ def test_the_vectorized_tables_equal_a_token_by_token_reading(tokenizer, request
                 allowed = [t for t in table.tolist() if (int(row[t >> 5]) >> (t & 31)) & 1]
                 assert values.count_among(row, table) == len(allowed), entry.name
     keys = vocab.key_vocab(info)
-    assert keys.sorted_ids == expected["sorted_ids"]
+    assert list(keys.sorted_ids) == expected["sorted_ids"]
     assert keys.multi_quote[0].tolist() == expected["two_quotes"]
     closing = vocab.closing_vocab(info)
     pieces = vocab.token_texts(info).pieces
@@ -75,7 +75,7 @@ def test_the_vectorized_tables_equal_a_token_by_token_reading(tokenizer, request
     longest = [0] * 256
     for piece in closing.by_piece:
         longest[piece[0]] = max(longest[piece[0]], len(piece))
-    assert closing.longest == longest
+    assert list(closing.longest) == longest
 
 
 def test_the_token_texts_are_read_back_from_their_file(smol_tokenizer, tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_the_token_texts_are_read_back_from_their_file(smol_tokenizer, tmp_path,
     read = vocab.token_texts.__wrapped__(info)  # past the in-process cache: from the engine, then saved
     saved = list((tmp_path / "vocab").glob("*.npz"))
     assert len(saved) == 1
-    assert vocab.token_texts.__wrapped__(info).pieces == read.pieces == [bytes(p) for p in info.xgr_info.decoded_vocab]
+    assert vocab.token_texts.__wrapped__(info).pieces == read.pieces == tuple(bytes(p) for p in info.xgr_info.decoded_vocab)
 
     whole = saved[0].read_bytes()
     for damaged in (b"not a file numpy wrote", whole[: len(whole) // 2]):  # read from the engine again
@@ -97,4 +97,4 @@ def test_the_token_texts_need_no_writable_cache(smol_tokenizer, tmp_path, monkey
     blocked.write_text("")
     monkeypatch.setenv("CONSTRAIN_CACHE", str(blocked))  # a file where the folder would be
     info = constrain.tokenizer_info(smol_tokenizer)
-    assert vocab.token_texts.__wrapped__(info).pieces == [bytes(p) for p in info.xgr_info.decoded_vocab]
+    assert vocab.token_texts.__wrapped__(info).pieces == tuple(bytes(p) for p in info.xgr_info.decoded_vocab)
