@@ -84,7 +84,8 @@ def test_the_token_texts_are_read_back_from_their_file(smol_tokenizer, tmp_path,
     read = vocab.token_texts.__wrapped__(info)  # past the in-process cache: from the engine, then saved
     saved = list((tmp_path / "vocab").glob("*.npz"))
     assert len(saved) == 1
-    assert vocab.token_texts.__wrapped__(info).pieces == read.pieces == tuple(bytes(p) for p in info.xgr_info.decoded_vocab)
+    decoded = tuple(bytes(p) for p in info.xgr_info.decoded_vocab)
+    assert vocab.token_texts.__wrapped__(info).pieces == read.pieces == decoded
 
     whole = saved[0].read_bytes()
     for damaged in (b"not a file numpy wrote", whole[: len(whole) // 2]):  # read from the engine again
