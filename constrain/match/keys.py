@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,9 +249,7 @@ class KeyState:
         texts, ids, banned = self.vocab.sorted_texts, self.vocab.sorted_ids, list[int]()
         for key in self.stack[-1] or ():
             if key.startswith(so_far):
-                prefix = key[len(so_far) :] + b'"'
-                lo = bisect.bisect_left(texts, prefix)
-                banned += ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
+                banned += _starting_with(texts, ids, key[len(so_far) :] + b'"')
         return banned
 
     def _keep_known_keys(
@@ -297,9 +295,14 @@ class KeyState:
             for end in range(1, len(rest) + 1):  # the tokens that write a part of what is left
                 lo = bisect.bisect_left(texts, rest[:end])
                 kept += ids[lo : bisect.bisect_right(texts, rest[:end], lo)]
-            lo = bisect.bisect_left(texts, rest + b'"')  # and those that complete it, and go on
-            kept += ids[lo : bisect.bisect_left(texts, rest + b'"\xff', lo)]
+            kept += _starting_with(texts, ids, rest + b'"')  # and those that complete it, and go on
         return kept
+
+
+def _starting_with(texts: Sequence[bytes], ids: Sequence[int], prefix: bytes) -> Sequence[int]:
+    """The ids of the sorted ``texts`` that start with ``prefix`` (a binary search each way)."""
+    lo = bisect.bisect_left(texts, prefix)
+    return ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
 
 
 def may_repeat_keys(schema: Any, any_order: bool) -> bool:

@@ -264,8 +264,8 @@ class ValueState:
         run inside a string or key (no quote, no backslash) is appended to the scan's text without the
         scanner: nothing completes in it."""
         scan = self.scan
-        mode = scan[0]
-        if (mode == IN_STRING or mode == IN_KEY) and b'"' not in data and b"\\" not in data:  # scan.extends(data)
+        mode = scan.mode
+        if scan.extends(data):
             if mode == IN_STRING and self._candidates()[0] is None:
                 return self, len(data)
             after = self._after_scan(scan.extended(data), self.stack, self._memo)
