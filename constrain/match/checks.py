@@ -642,9 +642,9 @@ class ValueChecks:
 
     def _native_options(self, objects: bool) -> dict[str, Any]:
         """How jsonschema-rs is built for this schema: its references into the document resolved, every
-        format checked by this package's checkers (none it does not know), ``pattern`` by Python's ``re``
-        and (``objects``) ``patternProperties`` and ``additionalProperties`` too (:func:`_object_keywords`).
-        Memoized."""
+        format checked by this package's checkers (none it does not know), ``pattern`` by Python's ``re``,
+        ``multipleOf`` by ``jsonschema`` (:func:`_python_multiple_of`) and (``objects``) ``patternProperties``
+        and ``additionalProperties`` too (:func:`_object_keywords`). Memoized."""
         if objects in self._options:
             return self._options[objects]
         options: dict[str, Any] = {
@@ -652,11 +652,14 @@ class ValueChecks:
             "base_uri": _ROOT_URI + "/node",
             "formats": {name: functools.partial(FORMATS.conforms, format=name) for name in _FORMAT_NAMES},
             "validate_formats": True,
-            "keywords": {"pattern": _PythonPattern},
+            "keywords": {"pattern": _PythonPattern, "multipleOf": _python_multiple_of(type(self.validator))},
         }
         if objects:
             native = _NATIVE[type(self.validator).__name__]
-            options["keywords"] = {**options["keywords"], **_object_keywords(lambda sub: native(sub, **options))}
+            options["keywords"] = {
+                **options["keywords"],
+                **_object_keywords(lambda sub: native(_rooted(sub), **options)),
+            }
         self._options[objects] = options
         return options
 
@@ -664,7 +667,7 @@ class ValueChecks:
         """How jsonschema-rs reads subschema ``index`` and every subschema it reaches as ``jsonschema`` does:
         ``False``, with ``pattern`` alone through Python's ``re`` (:class:`_PythonPattern`); ``True``, with
         ``patternProperties`` and ``additionalProperties`` too (some subschema has ``patternProperties``:
-        ECMA 262 regexes there); None where it cannot: ``multipleOf``, references beyond the document
+        ECMA 262 regexes there); None where it cannot: references beyond the document
         (``true`` here), an ``$id`` below the root (a base URI of its own), dynamic references,
         ``unevaluatedProperties`` (the annotations of the keywords read in Python are not seen)."""
         if index not in self._edges:  # a subschema the walk did not reach (a place on a coverage pointer)
@@ -723,9 +726,8 @@ _NATIVE = {
 }
 """jsonschema-rs's validator of each draft, by the name of ``jsonschema``'s."""
 
-_NOT_NATIVE = frozenset({"multipleOf", "unevaluatedProperties", "$id", "id", "$dynamicRef", "$recursiveRef"})
-"""Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._native_reading`): ``multipleOf`` of floats
-exactly (``0.07`` is a multiple of ``0.01`` there, not in ``jsonschema``, which the output is validated with)."""
+_NOT_NATIVE = frozenset({"unevaluatedProperties", "$id", "id", "$dynamicRef", "$recursiveRef"})
+"""Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._native_reading`)."""
 
 _ROOT_IDS = frozenset({"$id", "id"})
 """The root's own base URI changes nothing: its ``#...`` references still point into the document."""
@@ -771,6 +773,23 @@ class _PythonPattern:
     def validate(self, instance: Any) -> None:
         if isinstance(instance, str) and self.pattern.search(instance) is None:
             raise ValueError(f"{instance!r} does not match {self.pattern.pattern!r}")
+
+
+@functools.cache
+def _python_multiple_of(python: type) -> type:
+    """``multipleOf`` for jsonschema-rs as ``python`` (a ``jsonschema`` validator class, which the output is
+    validated with) reads it: jsonschema-rs divides floats exactly, so ``0.07`` is a multiple of ``0.01``
+    there and not in ``jsonschema``."""
+
+    class MultipleOf:
+        def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: list[str | int]) -> None:
+            self.python = python({"multipleOf": value})
+
+        def validate(self, instance: Any) -> None:
+            if not self.python.is_valid(instance):
+                raise ValueError(f"{instance!r} is not a multiple of {self.python.schema['multipleOf']!r}")
+
+    return MultipleOf
 
 
 def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:

@@ -82,11 +82,19 @@ def token_lengths(texts: Sequence[bytes], tail: bytes = b"") -> np.ndarray:
     """``[V]`` int32: per token's bytes, the characters they add to a string up to their first closing quote
     (an escaped one, ``\\"``, is a character), after a settled text and its unsettled last piece ``tail``
     (:func:`written_length`; counted as a character already)."""
-    found = np.zeros(len(texts), dtype=np.int32)
-    for token, text in enumerate(texts):
-        if not tail and b'"' not in text and b"\\" not in text:
-            found[token] = len(text) if text.isascii() else written_length(text)[0]
-            continue
+    if tail:
+        found, scanned = np.zeros(len(texts), dtype=np.int32), range(len(texts))
+    else:  # without a quote or an escape: the bytes that start a character, counted for all tokens at once
+        data = np.frombuffer(b"".join(texts), dtype=np.uint8)  # [sum of the texts' bytes]
+        bounds = np.concatenate(([0], np.cumsum([len(text) for text in texts])))  # [V + 1]: where each text starts
+
+        def per_token(flags: np.ndarray) -> np.ndarray:  # [V]: the flags set in each token's bytes
+            return np.diff(np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))[bounds])
+
+        found = per_token((data & 0xC0) != 0x80).astype(np.int32)  # [V]
+        scanned = np.flatnonzero(per_token((data == ord('"')) | (data == ord("\\")))).tolist()
+    for token in scanned:
+        text = texts[token]
         count = -1 if tail else 0
         for piece in _PIECES.finditer(tail + text):
             if piece.group() == b'"':

@@ -363,8 +363,8 @@ class ValueVocab:
         string whose text ends in the unsettled piece ``tail`` (b"": settled; see
         :mod:`~constrain.match.lengths`), up to a closing quote; ``room`` < 0: every token. None where no
         token does. Built on first use, then kept: the lengths per tail (at most :data:`LENGTH_TAILS`;
-        about 35 ms each for SmolLM2's 49,152 tokens), the words per tail and room (thread-safe: what two
-        threads build is equal)."""
+        for SmolLM2's 49,152 tokens, 8 ms for the settled text and 175 ms for a tail, Intel Xeon family 6
+        model 167), the words per tail and room (thread-safe: what two threads build is equal)."""
         lengths = self.lengths.get(tail)
         if lengths is None:
             if len(self.lengths) >= LENGTH_TAILS:

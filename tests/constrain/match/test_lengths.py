@@ -59,6 +59,23 @@ def test_a_text_and_a_tokens_count_add_up_from_any_split(text, ascii_only, cuts,
     assert count + int(token_lengths([token], prefix[settled:])[0]) == whole
 
 
+@settings(derandomize=True, database=None, max_examples=100)
+@seed(47)
+@given(
+    text=st.text(alphabet=st.sampled_from(["a", " ", "é", "€", "😀"])),
+    cuts=st.lists(st.floats(0, 1), max_size=8),
+    closed=st.lists(st.booleans(), min_size=10, max_size=10),
+)
+def test_a_vocabulary_is_counted_at_once_as_each_token_alone(text, cuts, closed):
+    """Tokens cut anywhere from a text (characters begun or ended by a cut), some closing the string: counted
+    together, each token's count is :func:`written_length` of its text up to the quote."""
+    raw = text.encode()
+    at = sorted({0, len(raw), *(int(c * len(raw)) for c in cuts)})
+    ends = [*at[1:], len(raw)]  # (the last token empty)
+    tokens = [raw[a:b] + b'"x' * c for a, b, c in zip(at, ends, closed[: len(at)], strict=True)]
+    assert list(token_lengths(tokens)) == [written_length(token.split(b'"')[0])[0] for token in tokens]
+
+
 def test_lengths_count_escapes_and_wide_characters_once():
     assert written_length(b"ab") == (2, 2)
     assert written_length("é€".encode()) == (2, 5)

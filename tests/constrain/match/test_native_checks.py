@@ -64,6 +64,19 @@ SCHEMAS = {
         "patternProperties": {"^(kind|v)$": True, "^c$": {"type": "boolean"}},
         "additionalProperties": False,
     },
+    "multiples": {
+        "type": "array",
+        "items": {"anyOf": [{"type": "number", "multipleOf": 0.01}, {"type": "integer", "multipleOf": 3}]},
+        "uniqueItems": True,
+    },
+    "references under patterns": {
+        "definitions": {
+            "leaf": {"type": "object", "patternProperties": {"^c": {"$ref": "#/definitions/n"}}},
+            "n": {"type": "integer", "maximum": 5},
+        },
+        "type": "object",
+        "patternProperties": {"^l": {"$ref": "#/definitions/leaf"}},
+    },
     "draft 4": {
         "$schema": "http://json-schema.org/draft-04/schema#",
         "type": "object",
@@ -79,7 +92,8 @@ EDGES = [
     {"kind": "m", "v": "2024-01-01"}, {"code": "AB\n"}, {"code": "ab"}, {"mail": "nobody"}, {"p": [0, 1]},
     {"p": [-1]}, {"q": 6}, {"q": 5}, {"n": 2}, {"n": 3}, {"n": 3, "extra": True}, {"n": 3, "extra": 1},
     [-1, 0, 1, 2], [-1, -2], [0, 1, 2], {"c\n": 5}, {"c": 6}, {"c\n": 6}, {"lx": 1}, {"z": 0}, {"zz": []},
-    {"q": [1]}, {"q": 1}, {"A": 1}, {"c": True}, {"kind": 1, "v\n": 2}, {"vv": 1},
+    {"q": [1]}, {"q": 1}, {"A": 1}, {"c": True}, {"kind": 1, "v\n": 2}, {"vv": 1}, 0.07, [0.07], [0.3, 6],
+    [0.5, 7], {"lx": {"c": 6}}, {"lx": {"c": 5}},
 ]  # fmt: skip
 
 _json = st.recursive(
@@ -133,15 +147,28 @@ def test_native_verdicts_are_jsonschemas_on_random_values(validators, value):
 
 
 def test_where_the_packages_differ_the_checks_keep_jsonschema():
-    """``multipleOf`` of floats (0.07 is a multiple of 0.01 to jsonschema-rs, not to jsonschema) stays with
-    jsonschema; so does what an ``$id`` below the root rebases, and ``unevaluatedProperties`` (beside
-    keywords read in Python, whose annotations it would not see)."""
+    """What an ``$id`` below the root rebases stays with jsonschema, and so does ``unevaluatedProperties``
+    (beside keywords read in Python, whose annotations it would not see)."""
     for schema in (
-        {"type": "array", "items": {"type": "number", "multipleOf": 0.01}, "uniqueItems": True},
         {"type": "array", "items": {"$id": "https://example.com/item", "type": "array"}, "uniqueItems": True},
         {"type": "object", "patternProperties": {"^x$": True}, "unevaluatedProperties": False},
     ):
         root = _built(schema)[0]  # the subschema holding the keyword (or reaching it)
         assert root is not None and not isinstance(root, checks._Native), schema
-    native = checks._NATIVE["Draft202012Validator"]({"multipleOf": 0.01})
-    assert native.is_valid(0.07)  # the difference itself: the day it goes, the exclusion may go too
+
+
+def test_multiple_of_is_read_as_jsonschema_reads_it():
+    """jsonschema-rs divides floats exactly (0.07 is a multiple of 0.01 there, not in jsonschema): the
+    checks' native validators take ``multipleOf`` from jsonschema."""
+    assert checks._NATIVE["Draft202012Validator"]({"multipleOf": 0.01}).is_valid(0.07)  # the difference itself
+    (validator,) = _validators({"type": "number", "multipleOf": 0.01})
+    assert not validator.native.is_valid(0.07) and validator.native.is_valid(0.5)
+
+
+def test_references_under_patterns_are_read_natively():
+    """A ``$ref`` inside ``patternProperties`` whose target has patterns of its own: the keyword's own
+    validators resolve it in the document (they once could not, and the whole schema fell back to
+    jsonschema, about 100 times slower)."""
+    root = _built(SCHEMAS["references under patterns"])[0]
+    assert isinstance(root, checks._Native)
+    assert not root.is_valid({"lx": {"c": 6}}) and root.is_valid({"lx": {"c": 5}})
