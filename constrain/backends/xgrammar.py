@@ -10,6 +10,7 @@ masks at once. Nothing here knows constrain's constraint types.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from constrain.backends.base import GrammarState
 from constrain.caches import bounded
 
 __all__ = [
+    "KEYS_MAX",
     "OPEN_KEY_RULES_MAX",
     "XGrammarBackend",
     "XGrammarGrammar",
@@ -32,6 +34,7 @@ __all__ = [
     "engine_message",
     "excluded_key_rules",
     "json_schema_ebnf",
+    "keys_in_any_order",
     "open_extra_keys",
     "structural_tag_ebnf",
 ]
@@ -149,6 +152,148 @@ def open_extra_keys(ebnf: str) -> str | None:
         found = _EXCLUDED_KEY_RULE.match(line)
         kept.append(f"{found.group(1)} ::= basic_string" if found else line)
     return "\n".join(kept)
+
+
+KEYS_MAX = 4
+"""Most keys of one object that :func:`keys_in_any_order` follows: it writes one rule per subset of them
+(16 at most)."""
+
+_OBJECT_RULE = re.compile(
+    r'^(?P<name>\S+) ::= \(\("\{" (?P<before>.*?)(?P=name)_item (?P=name)_properties\{(?P<count>\d+), -1\}'
+    r'(?P<after>.*?) "\}"\)(?P<empty> \| \("\{" .*?"\}"\))?\)$'
+)
+"""xgrammar's object with properties in any order: ``{``, a member, at least ``count`` more, ``}`` (or, where
+it may be empty, ``{}``)."""
+
+
+def keys_in_any_order(
+    ebnf: str, required: dict[frozenset[str], frozenset[str] | None]
+) -> tuple[str, bool, frozenset[frozenset[str]]]:
+    """``ebnf`` (xgrammar's, properties in any order) with its objects' keys followed: whether every
+    object ``required`` names now has its required keys enforced, and the objects (their declared keys)
+    whose every key now comes at most once, with a ``,`` only where a key is left to write.
+
+    xgrammar writes such an object as ``{`` member (``,`` member){k,} ``}``, each member any declared key
+    or an extra one: it counts the members, never which keys came. ``required`` maps the declared keys of
+    the schema's objects to the keys they require (None where objects with those declared keys require
+    different ones: then none of them is changed). An object is rewritten as one rule per subset of the
+    keys it follows, written so far: each of those comes once, ``}`` only once the required ones are
+    there, and any other key (optional or extra) any number of times (the key guard refuses a repeat).
+    Followed: every declared key of an object that takes no other (at most :data:`KEYS_MAX`), else its
+    required keys (as many). Left as it is: an object with more, a required key not declared, keys that
+    a pattern takes, or a count xgrammar bounds otherwise (``minProperties``, ``maxProperties``). Extra
+    keys must be xgrammar's exact "any key but the declared ones" (:func:`open_extra_keys` not applied):
+    else a followed key could be written as an extra one. Pure."""
+    lines = ebnf.split("\n")
+    at = {line.split(" ::= ", 1)[0]: index for index, line in enumerate(lines) if " ::= " in line}
+    enforced: set[frozenset[str]] = set()  # the objects whose required keys are enforced
+    tracked: set[frozenset[str]] = set()
+    added: list[str] = []
+    dropped: set[int] = set()  # the member rules of the objects spelled out again
+    for index, line in enumerate(list(lines)):
+        found = _OBJECT_RULE.match(line)
+        members = None if found is None else _members(lines, at, found["name"])
+        if found is None or members is None:
+            continue
+        name, separator, (keyed, others) = found["name"], members[0], members[1:]
+        declared = frozenset(keyed)
+        needed = required.get(declared, frozenset())
+        if needed is None or not needed <= declared or any(not o.startswith(f"({name}_addl_key ") for o in others):
+            continue
+        if int(found["count"]) != max(len(needed) - 1, 0) or (found["empty"] is not None) == bool(needed):
+            continue  # another count: minProperties, maxProperties
+        follows = declared if not others and len(declared) <= KEYS_MAX else needed
+        if not follows or len(follows) > KEYS_MAX:
+            continue
+        order = sorted(follows)
+        bits = {key: 1 << place for place, key in enumerate(order)}
+        due = sum(bits[key] for key in needed)
+        repeated = [member for key, member in keyed.items() if key not in follows] + others
+
+        def state(seen: int, name: str = name) -> str:
+            return f"{name}_keys_{seen}"
+
+        first = [f"({keyed[key]} {state(bits[key])})" for key in order]
+        if repeated:
+            added.append(f"{name}_keys_other ::= ({' | '.join(repeated)})")
+            added.append(f"{name}_keys_more ::= (({separator}{name}_keys_other))")
+            first.append(f"({name}_keys_other {state(0)})")
+        lines[index] = f'{name} ::= (("{{" {found["before"]}({" | ".join(first)})){found["empty"] or ""})'
+        for seen in range(1 << len(order)):
+            then = [f"({separator}{keyed[key]} {state(seen | bits[key])})" for key in order if not seen & bits[key]]
+            if seen & due == due:
+                then.append(f'({found["after"].lstrip()}{" " if found["after"].strip() else ""}"}}")')
+            more = f"{name}_keys_more* " if repeated else ""
+            added.append(f"{state(seen)} ::= (({more}({' | '.join(then)})))")
+        dropped.update((at[f"{name}_item"], at[f"{name}_properties"]))
+        enforced.add(declared)
+        if follows == declared:
+            tracked.add(declared)
+    complete = all(needed is not None and (not needed or keys in enforced) for keys, needed in required.items())
+    kept = [line for index, line in enumerate(lines) if index not in dropped]
+    return "\n".join(kept + added), complete, frozenset(tracked)
+
+
+def _members(lines: list[str], at: dict[str, int], name: str) -> tuple[str, dict[str, str], list[str]] | None:
+    """Object rule ``name``'s separator before a member, its members by declared key (each alternative's
+    text) and its other members (extra or pattern keys); None where they are not as xgrammar writes them."""
+    item, properties = lines[at.get(f"{name}_item", -1)], lines[at.get(f"{name}_properties", -1)]
+    prefix = f"{name}_properties ::= (("
+    if not properties.startswith(prefix) or not properties.endswith(f"{name}_item))"):
+        return None
+    separator = properties[len(prefix) : -len(f"{name}_item))")]
+    alternatives = _alternatives(item.split(" ::= ", 1)[1]) if item.startswith(f"{name}_item ::= ") else None
+    if alternatives is None:
+        return None
+    keyed: dict[str, str] = {}
+    others = []
+    for alternative in alternatives:
+        key = _leading_key(alternative)
+        if key is None:
+            others.append(alternative)
+        elif key in keyed:
+            return None
+        else:
+            keyed[key] = alternative
+    return separator, keyed, others
+
+
+def _alternatives(body: str) -> list[str] | None:
+    """The top-level alternatives of a rule's body ``((a) | (b))``, each with its parentheses; None where
+    the body is not so."""
+    if not (body.startswith("(") and body.endswith(")")):
+        return None
+    inner, found, depth, start, index = body[1:-1], [], 0, 0, 0
+    while index < len(inner):
+        char = inner[index]
+        if char in '"[':  # a string or a character class: skip to its end
+            close = '"' if char == '"' else "]"
+            index += 1
+            while index < len(inner) and inner[index] != close:
+                index += 2 if inner[index] == "\\" else 1
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif depth == 0 and inner.startswith(" | ", index):
+            found.append(inner[start:index])
+            start = index + 3
+            index += 2
+        index += 1
+    found.append(inner[start:])
+    return found if all(part.startswith("(") and part.endswith(")") for part in found) else None
+
+
+def _leading_key(alternative: str) -> str | None:
+    """The key an object member's alternative ``("\\"key\\"" ...)`` begins with, or None (another member)."""
+    found = re.match(r'\("((?:[^"\\]|\\.)*)" ', alternative)
+    if found is None:
+        return None
+    try:
+        key = json.loads(json.loads(f'"{found.group(1)}"'))
+    except ValueError:
+        return None
+    return key if isinstance(key, str) else None
 
 
 class XGrammarGrammar:

@@ -140,13 +140,12 @@ def _build_xgrammar(constraint: Constraint, info: TokenizerInfo) -> CompiledCons
     backend = info.xgrammar
     try:
         if isinstance(constraint, JsonSchema):
-            ebnf, coverage = json_schema_ebnf(constraint)
+            ebnf, coverage, tracked = json_schema_ebnf(constraint)
             grammar = backend.compile_ebnf(ebnf)
             engine_schema = prepared(constraint)[0]
-            checks, coverage = value_checks(constraint, coverage)
-            return CompiledConstraint(
-                constraint, info, grammar, coverage, engine_schema, unique_keys(constraint, engine_schema), checks
-            )
+            checks, coverage = value_checks(constraint, coverage, tracked)
+            repeats = unique_keys(constraint, engine_schema, tracked)
+            return CompiledConstraint(constraint, info, grammar, coverage, engine_schema, repeats, checks)
         if isinstance(constraint, Regex):
             return CompiledConstraint(constraint, info, backend.compile_regex(constraint.pattern))
         if isinstance(constraint, Grammar):

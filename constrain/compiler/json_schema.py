@@ -11,8 +11,9 @@ these passes, in this order:
    keyword, the proof that the node admits no value, the result rewritten for the engines.
 3. :func:`~constrain.compiler.routing.auto_engine` picks the engine, from the prepared schema and
    :func:`json_schema_ebnf`.
-4. The engine's input: :func:`json_schema_ebnf` (xgrammar) or :func:`llguidance_schema`, each adding to
-   the coverage what that engine leaves looser.
+4. The engine's input: :func:`json_schema_ebnf` (xgrammar; objects with keys in any order rewritten to
+   follow their keys, :func:`~constrain.backends.xgrammar.keys_in_any_order`) or :func:`llguidance_schema`,
+   each adding to the coverage what that engine leaves looser.
 5. The engine compiles it (:mod:`constrain.backends`).
 6. :func:`value_checks`: the subschemas under which a keyword is beyond the grammar, checked per value
    while decoding (:class:`~constrain.match.checks.ValueChecks`); their coverage becomes ``enforced``.
@@ -80,8 +81,10 @@ def prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
 
 
 @bounded("compile.json_schema_ebnf", maxsize=64)
-def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...]]:
-    """xgrammar's EBNF for a JSON schema constraint, and the coverage; pure, memoized."""
+def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...], frozenset[frozenset[str]]]:
+    """xgrammar's EBNF for a JSON schema constraint, its coverage, and the objects (their declared keys)
+    whose every key that grammar writes at most once (:func:`~constrain.backends.xgrammar.keys_in_any_order`:
+    no key guard needed there). Pure, memoized."""
     engine_schema, coverage = prepared(constraint)
     ebnf = xgrammar.json_schema_ebnf(
         json.dumps(engine_schema, ensure_ascii=False),
@@ -89,13 +92,43 @@ def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, 
         max_whitespace=MAX_WHITESPACE[constraint.whitespace],
         any_order=constraint.property_order == "any",
     )
-    if constraint.property_order == "any" and '"required"' in json.dumps(engine_schema):
-        coverage += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
     opened = None if constraint.closed else xgrammar.open_extra_keys(ebnf)  # closed: extra keys declared, kept exact
+    tracked: frozenset[frozenset[str]] = frozenset()
+    if constraint.property_order == "any" and opened is None:  # (opened: a key could be written as an extra one)
+        ebnf, exact, tracked = xgrammar.keys_in_any_order(ebnf, _required_by_keys(engine_schema))
+    else:
+        exact = False
+    if constraint.property_order == "any" and not exact and '"required"' in json.dumps(engine_schema):
+        coverage += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
     if opened is not None:
         ebnf = opened
         coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
-    return ebnf, coverage
+    return ebnf, coverage, tracked
+
+
+def _required_by_keys(schema: Any) -> dict[frozenset[str], frozenset[str] | None]:
+    """Per set of declared keys of the objects in ``schema``, the keys they require (None where two objects
+    with those declared keys require different ones): how
+    :func:`~constrain.backends.xgrammar.required_in_any_order` tells xgrammar's objects apart."""
+    found: dict[frozenset[str], frozenset[str] | None] = {}
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        declared, required = node.get("properties"), node.get("required")
+        if isinstance(declared, dict) or isinstance(required, list):
+            keys = frozenset(declared if isinstance(declared, dict) else ())
+            needed = (
+                frozenset(key for key in required if isinstance(key, str))
+                if isinstance(required, list)
+                else frozenset()
+            )
+            found[keys] = needed if found.get(keys, needed) == needed else None
+        for sub in subschemas(node):
+            walk(sub)
+
+    walk(schema)
+    return found
 
 
 def llguidance_schema(schema: Any, *, any_order: bool, checked: bool = False) -> tuple[Any, tuple[CoverageEntry, ...]]:
@@ -206,13 +239,14 @@ def _key_patterns(declared: dict[str, Any]) -> dict[str, Any] | None:
     return {f"^({'|'.join(map(re.escape, names))})$": sub for names, sub in groups.values()}
 
 
-def unique_keys(constraint: JsonSchema, engine_schema: Any) -> bool:
-    """Whether the grammar of ``engine_schema`` may admit a key twice (matchers then mask that out)."""
-    return may_repeat_keys(engine_schema, any_order=constraint.property_order == "any")
+def unique_keys(constraint: JsonSchema, engine_schema: Any, tracked: frozenset[frozenset[str]] = frozenset()) -> bool:
+    """Whether the grammar of ``engine_schema`` may admit a key twice (matchers then mask that out); not in
+    the objects ``tracked`` (their declared keys: :func:`json_schema_ebnf`'s third value, on xgrammar)."""
+    return may_repeat_keys(engine_schema, any_order=constraint.property_order == "any", tracked=tracked)
 
 
 def value_checks(
-    constraint: JsonSchema, coverage: tuple[CoverageEntry, ...]
+    constraint: JsonSchema, coverage: tuple[CoverageEntry, ...], tracked: frozenset[frozenset[str]] = frozenset()
 ) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
     """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
     the coverage with what they enforce marked so.
@@ -220,13 +254,14 @@ def value_checks(
     Where keys come in any order and some object takes a known set of keys, they are made even where
     the grammar is exact, checking nothing: their scanner follows the schema's locations for the key
     guard, which refuses a key that can no longer become one its object lacks (see
-    :mod:`constrain.match.keys`)."""
+    :mod:`constrain.match.keys`); not for the objects whose grammar writes each key once, with a ``,``
+    only where one is left (``tracked``: their declared keys, :func:`json_schema_ebnf`'s third value)."""
     validator = schema_validator(constraint.schema, approximate_remote=True)  # strict: refused at compile
     notes = {e.note for e in coverage if e.pointer == ""}
     everywhere = [key for key, note in _SCHEMA_WIDE.items() if note in notes]
     checks = ValueChecks(validator.schema, validator, coverage, everywhere, closed=constraint.closed)
     if not checks.needs(checks.root_location):
-        guides = constraint.property_order == "any" and _takes_known_keys(validator.schema, constraint.closed)
+        guides = constraint.property_order == "any" and _takes_known_keys(validator.schema, constraint.closed, tracked)
         return (checks if guides else None), coverage
     enforced = tuple(
         replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
@@ -237,16 +272,20 @@ def value_checks(
     return checks, enforced
 
 
-def _takes_known_keys(schema: Any, closed: bool) -> bool:
+def _takes_known_keys(schema: Any, closed: bool, tracked: frozenset[frozenset[str]] = frozenset()) -> bool:
     """Whether some object of ``schema`` takes a known set of keys (``ValueChecks.key_names``): it has
-    ``additionalProperties: false``, or (``closed`` mode) declares properties and says nothing of others."""
+    ``additionalProperties: false``, or (``closed`` mode) declares properties and says nothing of others;
+    but where the grammar writes each of its keys once (its declared keys ``tracked``)."""
     if not isinstance(schema, dict):
         return False
-    if "properties" in schema and (
-        schema.get("additionalProperties") is False or (closed and not says_what_else(schema))
+    declared = schema.get("properties")
+    if (
+        isinstance(declared, dict)
+        and (schema.get("additionalProperties") is False or (closed and not says_what_else(schema)))
+        and frozenset(declared) not in tracked
     ):
         return True
-    return any(_takes_known_keys(sub, closed) for sub in subschemas(schema))
+    return any(_takes_known_keys(sub, closed, tracked) for sub in subschemas(schema))
 
 
 def embedded_checks(embedded: EmbeddedJson | None) -> CallChecks | None:
@@ -254,7 +293,7 @@ def embedded_checks(embedded: EmbeddedJson | None) -> CallChecks | None:
     grammars is exact (the others are followed only to see where they end)."""
     if embedded is None:
         return None
-    found = {name: value_checks(schema, json_schema_ebnf(schema)[1])[0] for name, schema in embedded.schemas}
+    found = {name: value_checks(schema, *json_schema_ebnf(schema)[1:])[0] for name, schema in embedded.schemas}
     if all(checks is None for checks in found.values()):
         return None
     plain = ValueChecks({}, schema_validator("{}"), ())

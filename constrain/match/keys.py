@@ -305,17 +305,20 @@ def _starting_with(texts: Sequence[bytes], ids: Sequence[int], prefix: bytes) ->
     return ids[lo : bisect.bisect_left(texts, prefix + b"\xff", lo)]
 
 
-def may_repeat_keys(schema: Any, any_order: bool) -> bool:
+def may_repeat_keys(schema: Any, any_order: bool, tracked: frozenset[frozenset[str]] = frozenset()) -> bool:
     """Whether a grammar for the prepared ``schema`` may admit an object with a key twice: some object
     is open (undeclared keys allowed), has ``patternProperties`` (a key matching one may come again), or
     its keys may come in any order (an any-order grammar of one declared key admits it twice:
-    ``{"price": 6, "price": 3.75}``)."""
+    ``{"price": 6, "price": 3.75}``), but where the grammar writes each key once (its declared keys
+    ``tracked``: :func:`~constrain.backends.xgrammar.keys_in_any_order`)."""
     if not isinstance(schema, dict):
         return schema is True
     types = schema.get("type")
     untyped = types is None and not any(k in schema for k in ("$ref", "anyOf", "allOf", "oneOf", "enum", "const"))
     if types == "object" or (isinstance(types, list) and "object" in types) or untyped:
-        repeatable = schema.get("patternProperties") or (any_order and schema.get("properties"))
+        declared = schema.get("properties")
+        ordered = not any_order or (isinstance(declared, dict) and frozenset(declared) in tracked)
+        repeatable = schema.get("patternProperties") or (not ordered and declared)
         if schema.get("additionalProperties") is not False or repeatable:
             return True
-    return any(may_repeat_keys(sub, any_order) for sub in subschemas(schema) if sub is not False)
+    return any(may_repeat_keys(sub, any_order, tracked) for sub in subschemas(schema) if sub is not False)

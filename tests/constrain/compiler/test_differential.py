@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import constrain
+from constrain.backends.xgrammar import KEYS_MAX
 from constrain.testing import (
     DIFFERENTIAL_MODES,
     DifferentialCounts,
@@ -250,16 +251,36 @@ def test_fixed_disagreement_stays_fixed(smol_tokenizer, cause, mode, schema, tex
     assert verdicts[0] == verdicts[1], (cause, verdicts)
 
 
-def test_required_in_any_order_is_enforced_at_the_object_end(smol_tokenizer):
-    """xgrammar's any-order objects can skip a required key: coverage says so, and the mask refuses the
-    closing brace of an object without it (constrain.match.values)."""
+def test_required_in_any_order_is_enforced_by_the_grammar(smol_tokenizer):
+    """Keys in any order on xgrammar: the grammar follows which keys came (at most KEYS_MAX per object), so it
+    refuses the closing brace of an object without a required key, and a key written twice in an object
+    that takes no others, with no value checks or key guard left on the per-token path."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
               "required": ["a"], "additionalProperties": False}  # fmt: skip
     compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")
+    assert not any(e.keyword == "required" and e.status != "enforced" for e in compiled.coverage)
+    assert not compiled.matcher().checks_tokens  # nothing for Python to do per token
+    for text in ('{"b": 1}', "{}"):
+        assert compiled.validate(text) and not accepts(compiled, smol_tokenizer, text), text
+    for text in ('{"a": 1, "a": 2}', '{"b": 1, "a": 2, "b": 3}'):  # valid as JSON parsers read them (the last wins)
+        assert not accepts(compiled, smol_tokenizer, text), text
+    for text in ('{"b": 1, "a": 2}', '{"a": 2}', '{"a": 2, "b": 1}'):
+        assert accepts(compiled, smol_tokenizer, text), text
+
+
+def test_required_in_any_order_past_the_grammar_is_enforced_at_the_object_end(smol_tokenizer):
+    """An object requiring more keys than the grammar follows (xgrammar's any-order objects then can skip
+    one): coverage says so, and the mask refuses the closing brace of an object without it
+    (constrain.match.values)."""
+    names = "abcdef"
+    schema = {"type": "object", "properties": {name: {"type": "integer"} for name in names},
+              "required": list(names[: KEYS_MAX + 1])}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")
     entry = next(e for e in compiled.coverage if e.keyword == "required" and "any order" in e.note)
     assert entry.status == "enforced" and "value boundaries" in entry.note
-    assert compiled.validate('{"b": 1}') and not accepts(compiled, smol_tokenizer, '{"b": 1}')
-    assert accepts(compiled, smol_tokenizer, '{"b": 1, "a": 2}')
+    missing = '{"b": 1, "c": 1, "d": 1, "e": 1, "f": 1}'
+    assert compiled.validate(missing) and not accepts(compiled, smol_tokenizer, missing)
+    assert accepts(compiled, smol_tokenizer, '{"e": 1, "d": 1, "c": 1, "b": 1, "a": 2}')
 
 
 REPORTED_EXAMPLES = [

@@ -315,7 +315,7 @@ def test_grouped_scans_agree_with_whole_texts(smol_tokenizer, schema, walk_seed)
 def test_grouped_scans_meet_refusals(smol_tokenizer):
     """Not vacuous: walks through schemas known to refuse tokens inside strings, keys and scalars."""
     schemas = [
-        {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}, "required": ["b"]},
+        {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}, "required": [*"bcdef"]},
         {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True},
         {"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}, "maxProperties": 1},
     ]
