@@ -775,7 +775,7 @@ class _PythonPattern:
             raise ValueError(f"{instance!r} does not match {self.pattern.pattern!r}")
 
 
-@functools.cache
+@bounded("match.checks.multiple_of", maxsize=16)
 def _python_multiple_of(python: type) -> type:
     """``multipleOf`` for jsonschema-rs as ``python`` (a ``jsonschema`` validator class, which the output is
     validated with) reads it: jsonschema-rs divides floats exactly, so ``0.07`` is a multiple of ``0.01``
