@@ -166,9 +166,10 @@ class Matcher:
             _eos_only(bitmask[index], self._eos)
             return True
         restricts = bool(self._grammar_state.fill_next_token_bitmask(bitmask, index))
-        if checks:
+        checked = self._keys is not None or self._values is not None
+        if checks and checked:
             self.check_row(bitmask[index])
-        return restricts or self._keys is not None or self._values is not None
+        return restricts or checked
 
     def check_row(
         self,
