@@ -93,11 +93,9 @@ def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, 
         any_order=constraint.property_order == "any",
     )
     opened = None if constraint.closed else xgrammar.open_extra_keys(ebnf)  # closed: extra keys declared, kept exact
-    tracked: frozenset[frozenset[str]] = frozenset()
+    exact, tracked = False, frozenset[frozenset[str]]()
     if constraint.property_order == "any" and opened is None:  # (opened: a key could be written as an extra one)
         ebnf, exact, tracked = xgrammar.keys_in_any_order(ebnf, _required_by_keys(engine_schema))
-    else:
-        exact = False
     if constraint.property_order == "any" and not exact and '"required"' in json.dumps(engine_schema):
         coverage += (CoverageEntry("", "required", "checked", _ANY_ORDER_REQUIRED_NOTE),)
     if opened is not None:
@@ -109,7 +107,7 @@ def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, 
 def _required_by_keys(schema: Any) -> dict[frozenset[str], frozenset[str] | None]:
     """Per set of declared keys of the objects in ``schema``, the keys they require (None where two objects
     with those declared keys require different ones): how
-    :func:`~constrain.backends.xgrammar.required_in_any_order` tells xgrammar's objects apart."""
+    :func:`~constrain.backends.xgrammar.keys_in_any_order` tells xgrammar's objects apart."""
     found: dict[frozenset[str], frozenset[str] | None] = {}
 
     def walk(node: Any) -> None:

@@ -82,6 +82,7 @@ def token_lengths(texts: Sequence[bytes], tail: bytes = b"") -> np.ndarray:
     """``[V]`` int32: per token's bytes, the characters they add to a string up to their first closing quote
     (an escaped one, ``\\"``, is a character), after a settled text and its unsettled last piece ``tail``
     (:func:`written_length`; counted as a character already)."""
+    scanned: Sequence[int]  # the tokens counted piece by piece
     if tail:
         found, scanned = np.zeros(len(texts), dtype=np.int32), range(len(texts))
     else:  # without a quote or an escape: the bytes that start a character, counted for all tokens at once
