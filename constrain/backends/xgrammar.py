@@ -263,25 +263,22 @@ def _alternatives(body: str) -> list[str] | None:
     the body is not so."""
     if not (body.startswith("(") and body.endswith(")")):
         return None
-    inner, found, depth, start, index = body[1:-1], [], 0, 0, 0
-    while index < len(inner):
-        char = inner[index]
-        if char in '"[':  # a string or a character class: skip to its end
-            close = '"' if char == '"' else "]"
-            index += 1
-            while index < len(inner) and inner[index] != close:
-                index += 2 if inner[index] == "\\" else 1
-        elif char == "(":
+    inner, found, depth, start = body[1:-1], [], 0, 0
+    for token in _RULE_TOKENS.finditer(inner):  # strings and character classes skipped whole
+        text = token.group()
+        if text == "(":
             depth += 1
-        elif char == ")":
+        elif text == ")":
             depth -= 1
-        elif depth == 0 and inner.startswith(" | ", index):
-            found.append(inner[start:index])
-            start = index + 3
-            index += 2
-        index += 1
+        elif text == " | " and depth == 0:
+            found.append(inner[start : token.start()])
+            start = token.end()
     found.append(inner[start:])
     return found if all(part.startswith("(") and part.endswith(")") for part in found) else None
+
+
+_RULE_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[()]| \| ')
+"""What :func:`_alternatives` reads of a rule's body: a string, a character class, a parenthesis, a ``|``."""
 
 
 def _leading_key(alternative: str) -> str | None:
