@@ -190,7 +190,7 @@ def keys_in_any_order(
     tracked: set[frozenset[str]] = set()
     added: list[str] = []
     dropped: set[int] = set()  # the member rules of the objects spelled out again
-    for index, line in enumerate(list(lines)):
+    for index, line in enumerate(lines):  # (only the line at hand is replaced)
         found = _OBJECT_RULE.match(line)
         members = None if found is None else _members(lines, at, found["name"])
         if found is None or members is None:
@@ -209,22 +209,19 @@ def keys_in_any_order(
         bits = {key: 1 << place for place, key in enumerate(order)}
         due = sum(bits[key] for key in needed)
         repeated = [member for key, member in keyed.items() if key not in follows] + others
-
-        def state(seen: int, name: str = name) -> str:
-            return f"{name}_keys_{seen}"
-
-        first = [f"({keyed[key]} {state(bits[key])})" for key in order]
+        state = f"{name}_keys_"  # + the keys written so far, as bits of ``order``
+        first = [f"({keyed[key]} {state}{bits[key]})" for key in order]
         if repeated:
             added.append(f"{name}_keys_other ::= ({' | '.join(repeated)})")
             added.append(f"{name}_keys_more ::= (({separator}{name}_keys_other))")
-            first.append(f"({name}_keys_other {state(0)})")
+            first.append(f"({name}_keys_other {state}0)")
         lines[index] = f'{name} ::= (("{{" {found["before"]}({" | ".join(first)})){found["empty"] or ""})'
         for seen in range(1 << len(order)):
-            then = [f"({separator}{keyed[key]} {state(seen | bits[key])})" for key in order if not seen & bits[key]]
+            then = [f"({separator}{keyed[key]} {state}{seen | bits[key]})" for key in order if not seen & bits[key]]
             if seen & due == due:
                 then.append(f'({found["after"].lstrip()}{" " if found["after"].strip() else ""}"}}")')
             more = f"{name}_keys_more* " if repeated else ""
-            added.append(f"{state(seen)} ::= (({more}({' | '.join(then)})))")
+            added.append(f"{state}{seen} ::= (({more}({' | '.join(then)})))")
         dropped.update((at[f"{name}_item"], at[f"{name}_properties"]))
         enforced.add(declared)
         if follows == declared:
