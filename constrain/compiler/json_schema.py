@@ -261,6 +261,7 @@ def value_checks(
     if not checks.needs(checks.root_location):
         guides = constraint.property_order == "any" and _takes_known_keys(validator.schema, constraint.closed, tracked)
         return (checks if guides else None), coverage
+    checks.warm()
     enforced = tuple(
         replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
         if e.status == "checked"

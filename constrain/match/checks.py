@@ -43,6 +43,7 @@ import logging
 import math
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -66,11 +67,13 @@ from constrain.match.values import Dnf, ValueState
 __all__ = [
     "BEYOND_GRAMMAR",
     "FALSE",
+    "KEY_KEYWORDS",
     "MAX_ALTERNATIVES",
     "MEMO_ENTRIES",
     "MEMO_KEY_CHARS",
     "MONOTONE",
     "TRUE",
+    "WARM_SECONDS",
     "CallChecks",
     "ValueChecks",
 ]
@@ -88,6 +91,9 @@ MEMO_ENTRIES = 100_000
 MEMO_KEY_CHARS = 1024
 """Longest value (its text, or a string's length) whose verdict is memoized: a long string or a
 growing container is seldom judged twice, and keeping each step of it would hold the square of its size."""
+
+WARM_SECONDS = 0.003
+"""About how long a compile spends building value checks ahead of the first tokens (:meth:`ValueChecks.warm`)."""
 
 BEYOND_GRAMMAR = frozenset(
     {
@@ -112,6 +118,9 @@ _READ_WITH_ALL = frozenset({"unevaluatedProperties", "unevaluatedItems"})
 
 _BASE_KEYWORDS = frozenset({"$id", "$anchor", "$dynamicAnchor", "$schema", "id"})
 """Keywords kept in a subschema's loose part for the references inside it to resolve as in the whole."""
+
+KEY_KEYWORDS = frozenset({"required", "minProperties", "maxProperties", "propertyNames", "dependentRequired"})
+"""Keywords that read an object's keys alone (``ValueChecks.reads_members``)."""
 
 MONOTONE = ("type", "uniqueItems", "maxProperties", "propertyNames", "contains", "maxContains")
 """Keywords an open container can already break: no item written later repairs them."""
@@ -179,13 +188,28 @@ class ValueChecks:
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._string_bounds: dict[Dnf, int | None] = {}  # per location, ``string_bound``
         self._key_names: dict[Dnf, Names] = {}  # per location, ``key_names``
-        self._location_flags: dict[Dnf, tuple[bool, bool, bool]] = {}  # per location, ``_flags``
+        self._location_flags: dict[Dnf, tuple[bool, bool, bool, bool]] = {}  # per location, ``_flags``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
         self.hits = 0  # of the children and verdicts memos
         self.errors = 0  # checks that raised (and so refused: ``_holds``)
         self.misses = 0
         with _live_lock:
             _live.add(self)
+
+    def warm(self, seconds: float = WARM_SECONDS) -> int:
+        """Build, for about ``seconds`` (the one under way is finished), the validators that values completed
+        at the subschemas holding keywords beyond the grammar are checked with (the root first), and the
+        root's location: else the first token completing such a value builds them (a jsonschema-rs
+        validator takes 50 µs to tens of milliseconds). What a compile calls. Returns how many were built."""
+        end = time.perf_counter() + seconds
+        _ = self.root_location  # (a cached property: the first token asks it)
+        built = 0
+        for index in sorted(self._own):
+            if time.perf_counter() >= end:
+                break
+            self._node_validator(index, loose=True)
+            built += 1
+        return built
 
     @property
     def memo_entries(self) -> int:
@@ -401,16 +425,24 @@ class ValueChecks:
         """Whether an open container at ``location`` is checked as it grows."""
         return self._flags(location)[2]
 
-    def _flags(self, location: Dnf) -> tuple[bool, bool, bool]:
-        """``needs``, ``has_own`` and ``grows_checked`` of ``location``, worked out once (the scanner asks
-        them of every open container at every step)."""
+    def reads_members(self, location: Dnf) -> bool:
+        """Whether a check of an object at ``location`` reads its members' values: False where it has one
+        alternative whose keywords beyond the grammar read the keys alone (:data:`KEY_KEYWORDS`); the
+        scanner then keeps no member's value there (a string's text inside is not even kept)."""
+        return self._flags(location)[3]
+
+    def _flags(self, location: Dnf) -> tuple[bool, bool, bool, bool]:
+        """``needs``, ``has_own``, ``grows_checked`` and ``reads_members`` of ``location``, worked out once
+        (the scanner asks them of every open container at every step)."""
         found = self._location_flags.get(location)
         if found is None:
             indices = {index for alternative in location for index in alternative}
+            loose = [self._loose.get(index, set()) for index in indices]
             found = (
                 not indices.isdisjoint(self._needing),
                 not indices.isdisjoint(self._own),
                 any(self._prefix(index) is not None for index in indices),
+                len(location) > 1 or any(keywords is None or not keywords <= KEY_KEYWORDS for keywords in loose),
             )
             if len(self._location_flags) >= MEMO_ENTRIES:
                 self._location_flags.clear()

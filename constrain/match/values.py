@@ -85,6 +85,8 @@ class Checks(Protocol):
 
     def grows_checked(self, location: Dnf) -> bool: ...
 
+    def reads_members(self, location: Dnf) -> bool: ...
+
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool: ...
 
     def number_viable(self, location: Dnf, text: bytes) -> bool: ...
@@ -110,6 +112,8 @@ class _Frame:
     items: tuple[Any, ...] = ()  # arrays: the completed items; objects: (key, value) pairs
     key: str | None = None  # objects: the key whose value is being written
     watched: bool = False  # whether a check reads its items, or those of a container around it
+    # whether a check reads its items' values (else, at most an object's keys: each member is kept as None)
+    reads: bool = False
     written: frozenset[bytes] = frozenset()  # objects under the key guard: its keys so far, as written
     names: Names = None  # objects under the key guard: the keys it may hold, as written (None: not known)
 
@@ -139,10 +143,13 @@ class _Values:
     def open(self, is_object: bool) -> None:
         checks, stack = self.checks, self.stack
         location = _location(checks, stack)
-        watched = bool(stack and stack[-1].watched) or checks.must_check(location) or checks.grows_checked(location)
+        parent = stack[-1] if stack else None
+        checked = checks.must_check(location) or checks.grows_checked(location)
+        watched = checked or (parent is not None and parent.watched)
+        reads = (checked and (not is_object or checks.reads_members(location))) or (parent is not None and parent.reads)
         names = checks.key_names(location) if self.unique and is_object else None
         self.fresh = min(self.fresh, len(stack))
-        self.stack = (*stack, _Frame(location, is_object, watched=watched, names=names))
+        self.stack = (*stack, _Frame(location, is_object, watched=watched, reads=reads, names=names))
 
     def known_names(self) -> Names:
         """The keys the innermost open object may hold, as the guard reads them (None: not known, or
@@ -167,7 +174,10 @@ class _Values:
         if self.strict and isinstance(key, str) and checks.grows_checked(top.location):
             if not checks.accepts(top.location, {**top.value(), key: None}, prefix=True):
                 raise _Violation
-        self.stack = (*stack[:-1], _Frame(top.location, top.is_object, top.items, key, top.watched, written, top.names))
+        self.stack = (
+            *stack[:-1],
+            _Frame(top.location, top.is_object, top.items, key, top.watched, top.reads, written, top.names),
+        )
 
     def value(self, text: bytes) -> None:
         self._complete(_parse(text))
@@ -182,8 +192,11 @@ class _Values:
         if not stack:
             return
         top = stack[-1]
-        item = (top.key, value) if top.is_object else value
-        grown = _Frame(top.location, top.is_object, (*top.items, item), None, top.watched, top.written, top.names)
+        kept = value if top.reads else None
+        item = (top.key, kept) if top.is_object else kept
+        grown = _Frame(
+            top.location, top.is_object, (*top.items, item), None, top.watched, top.reads, top.written, top.names
+        )
         if (
             self.strict
             and checks.grows_checked(top.location)
@@ -258,15 +271,16 @@ class ValueState:
         """As :meth:`advance_bytes`, stopping where the top-level value completes (``stop``); also returns
         how many bytes of ``data`` were read (see :meth:`~constrain.jsonscan.JsonScan.feed_value`).
 
-        A run inside a string that nothing checks (neither the string, nor any container open around it:
-        ``_candidates`` finds none) returns this very state: the string's text is never read, so it is
-        not kept (``scan.text`` then lacks the run), and a long string costs nothing per token. Any other
+        A run inside a string whose text nothing reads (no check of the string, and no container open
+        around it that checks its values: ``_candidates`` finds none, or :meth:`_unread`) returns this very
+        state: the text is not kept (``scan.text`` then lacks the run), and a long string costs nothing
+        per token. Any other
         run inside a string or key (no quote, no backslash) is appended to the scan's text without the
         scanner: nothing completes in it."""
         scan = self.scan
         mode = scan.mode
         if scan.extends(data):
-            if mode == IN_STRING and self._candidates()[0] is None:
+            if mode == IN_STRING and (self._candidates()[0] is None or self._unread()):
                 return self, len(data)
             after = self._after_scan(scan.extended(data), self.stack, self._memo)
             if mode == IN_STRING:
@@ -290,6 +304,18 @@ class ValueState:
         if (strict and after._too_long()) or (self.key_vocab is not None and after._stalls(values.known_names())):
             return None, 0
         return after, read
+
+    def _unread(self) -> bool:
+        """Whether the text of the string value being written is read by no check: its location is not
+        checked, and its container keeps no member's value (an object whose checks read keys alone, as
+        ``required``: :meth:`Checks.reads_members`)."""
+        memo = self._memo  # (a function of the stack and the mode, as the candidates are)
+        if "unread" not in memo:
+            top = self.stack[-1] if self.stack else None
+            memo["unread"] = (
+                top is not None and not top.reads and not self.checks.must_check(_location(self.checks, self.stack))
+            )
+        return memo["unread"]  # type: ignore[no-any-return]
 
     def _after_scan(self, scan: JsonScan, stack: tuple[_Frame, ...], memo: dict[str, Any]) -> ValueState:
         """A state of this one's checks and vocabularies, at ``scan`` with ``stack``, sharing ``memo``."""
@@ -610,6 +636,9 @@ class _Completions:
     def grows_checked(self, location: Dnf) -> bool:
         return True
 
+    def reads_members(self, location: Dnf) -> bool:
+        return True
+
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
         return False
 
@@ -633,7 +662,7 @@ def _inert(text: bytes, mode: int, in_object: bool) -> bool:
     such a token cannot be refused by any check there. Text that is not JSON there is not inert."""
     assert mode in OUTSIDE, "only modes outside strings and scalars"
     key = "" if in_object and mode in (VALUE, COLON) else None  # a value's key is written already
-    frame = _Frame(_Completions.root_location, in_object, (), key, True)
+    frame = _Frame(_Completions.root_location, in_object, (), key, watched=True, reads=True)
     scan = JsonScan(mode, b"{" if in_object else b"[")
     probe = ValueState(_Completions(), None, scan, (frame,))  # type: ignore[arg-type]  # no vocab: bytes only
     return probe.advance_bytes(text) is not None

@@ -218,6 +218,45 @@ def test_a_string_nothing_checks_is_not_kept(smol_tokenizer):
     assert refused == kept._violations(tokens) and token_ids(smol_tokenizer, '"')[0] in refused  # "a" again
 
 
+@pytest.mark.parametrize("reads", [False, True])
+def test_an_object_checked_by_its_keys_alone_keeps_no_member_value(smol_tokenizer, reads):
+    """On llguidance with keys in any order, ``required`` is checked as each object closes: it reads the
+    keys alone, so a member's string text is not kept (O(1) per token) and the member is held as None.
+    Where a check reads the values (``not`` here), the text is kept. The verdicts hold either way."""
+    from constrain.testing import token_ids
+
+    schema = {
+        "type": "object",
+        "properties": {"note": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["note", "n"],
+        **({"not": {"required": ["spam"]}} if reads else {}),
+    }
+    compiled = constrain.compile(spec(schema), smol_tokenizer, engine="llguidance")
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"n": 3, "note": "')
+    state = matcher._values.state
+    assert state.stack[-1].items == (("n", 3 if reads else None),)
+    for token in token_ids(smol_tokenizer, "a long note, written over many tokens"):
+        assert matcher.accept_token(token)
+        assert (matcher._values.state is state) is not reads
+    assert matcher.accept_string('"}') and matcher.is_completed()
+    assert accepts(compiled, smol_tokenizer, '{"note": "x", "n": 1}')
+    assert not accepts(compiled, smol_tokenizer, '{"note": "a long note"}')  # "n" is required
+
+
+def test_a_compile_builds_the_first_validators(smol_tokenizer):
+    """The validators of the subschemas with keywords beyond the grammar are built by the compile (within
+    WARM_SECONDS), not by the first token that completes such a value."""
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "uniqueItems": True}, "n": {"not": {"const": 3}}},
+        "required": ["tags"],
+    }
+    checks = constrain.compile(spec(schema), smol_tokenizer).value_checks
+    assert checks._own and all((index, True) in checks._validators for index in checks._own)
+    assert checks.warm(0) == 0  # out of time before the first
+
+
 ENUM_SET = {
     "type": "array",
     "items": {"enum": ["red", "green", "blue", "black"]},
