@@ -274,9 +274,8 @@ class ValueState:
         A run inside a string whose text nothing reads (no check of the string, and no container open
         around it that checks its values: ``_candidates`` finds none, or :meth:`_unread`) returns this very
         state: the text is not kept (``scan.text`` then lacks the run), and a long string costs nothing
-        per token. Any other
-        run inside a string or key (no quote, no backslash) is appended to the scan's text without the
-        scanner: nothing completes in it."""
+        per token. Any other run inside a string or key (no quote, no backslash) is appended to the scan's
+        text without the scanner: nothing completes in it."""
         scan = self.scan
         mode = scan.mode
         if scan.extends(data):
