@@ -6,7 +6,13 @@ the filled mask, and the matcher must be able to end); post-validation plays no 
 
 from __future__ import annotations
 
+import json
+
+import hypothesis
+import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import constrain
 from constrain.compiler import compiler
@@ -242,6 +248,63 @@ def test_an_object_checked_by_its_keys_alone_keeps_no_member_value(smol_tokenize
     assert matcher.accept_string('"}') and matcher.is_completed()
     assert accepts(compiled, smol_tokenizer, '{"note": "x", "n": 1}')
     assert not accepts(compiled, smol_tokenizer, '{"note": "a long note"}')  # "n" is required
+
+
+_NOTE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string"},
+        "b": {"type": "string"},
+        "c": {"type": "array", "items": {"type": "string"}},
+        "d": {"type": "object", "properties": {"e": {"type": "string"}}, "required": ["e"]},
+    },
+    "required": ["a", "d"],
+    "minProperties": 3,
+}
+"""Objects checked by their keys alone (on llguidance with keys in any order), whose members hold strings."""
+
+
+@st.composite
+def _keyed_objects(draw: st.DrawFn) -> str:
+    """A JSON text near :data:`_NOTE_SCHEMA`: its keys in any order, some left out, repeated or undeclared;
+    strings with quotes, backslashes and other scripts, written escaped or not."""
+    strings = st.text(alphabet=st.sampled_from('ab "\\\u00e9\u4e2d/\n'), max_size=6)
+
+    def dumps(value) -> str:
+        return json.dumps(value, ensure_ascii=draw(st.booleans()))
+
+    members = []
+    keys = draw(st.permutations("abcd"))[: draw(st.integers(1, 4))]  # often valid: a, d and one more
+    for key in [*keys, *draw(st.lists(st.sampled_from("abcdx"), max_size=1))]:  # maybe one repeated or undeclared
+        if key == "c":
+            value = dumps(draw(st.lists(strings, max_size=2)))
+        elif key == "d":
+            inner = draw(st.sampled_from(["e", "e", "", "ex"]))
+            value = "{" + ", ".join(f'"{k}": {dumps(draw(strings))}' for k in inner) + "}"
+        else:
+            value = dumps(draw(strings))
+        members.append(f'"{key}": {value}')
+    return "{" + ", ".join(members) + "}"
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=80)
+@hypothesis.seed(61)
+@given(text=_keyed_objects())
+def test_objects_checked_by_their_keys_alone_take_exactly_the_valid_texts(smol_tokenizer, text):
+    """Their string members' text is not kept (see above): the mask still takes exactly the texts a JSON
+    parser reads as valid with no key written twice."""
+
+    def unique(pairs):
+        if len({key for key, _ in pairs}) < len(pairs):
+            raise ValueError("a key twice")
+        return dict(pairs)
+
+    try:
+        valid = jsonschema.Draft202012Validator(_NOTE_SCHEMA).is_valid(json.loads(text, object_pairs_hook=unique))
+    except ValueError:
+        valid = False
+    compiled = constrain.compile(spec(_NOTE_SCHEMA), smol_tokenizer, engine="llguidance")
+    assert accepts(compiled, smol_tokenizer, text) == valid, text
 
 
 def test_a_compile_builds_the_first_validators(smol_tokenizer):
