@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import constrain
-from constrain.models.loading import ModelNotFoundError, PrepackedLinear, cache_dir, default_dtype, prepack_linears
+from constrain.models.loading import (
+    ModelNotFoundError,
+    PrepackedLinear,
+    _file_key,
+    cache_dir,
+    default_dtype,
+    gguf_path,
+    prepack_linears,
+)
 
 
 @pytest.mark.real_model
@@ -28,6 +38,43 @@ def test_default_model_loads_and_runs(smollm2):
     again = constrain.load_model("smollm2-135m-instruct")  # from the converted cache
     with torch.no_grad():
         torch.testing.assert_close(again.model(ids).logits, logits)
+
+
+@pytest.mark.real_model
+def test_the_packaged_gguf_installed_elsewhere_reuses_its_conversion(smollm2, tmp_path, monkeypatch):
+    """Another environment's copy of the same GGUF file (another path, another install time) loads the
+    weights converted before: nothing is converted, nor another 514 MB kept."""
+    copy_of = tmp_path / "elsewhere" / gguf_path().name
+    copy_of.parent.mkdir()
+    shutil.copyfile(gguf_path(), copy_of)
+    models = set((cache_dir() / "models").iterdir())
+
+    def convert(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(constrain.models.loading, "_convert_gguf", convert)
+    handle = constrain.load_model(str(copy_of))
+    assert handle.vocab_size == 49152 and set((cache_dir() / "models").iterdir()) == models
+
+
+def test_a_files_cache_key_is_its_content(tmp_path, monkeypatch):
+    """Conversions are cached under the file's content: equal files at two paths and times key alike,
+    another content apart; the digest is worked out once per path, size and time."""
+    monkeypatch.setenv("CONSTRAIN_CACHE", str(tmp_path / "cache"))
+    data, other = bytes(range(256)) * 5000, bytes(reversed(range(256))) * 5000
+    paths = [tmp_path / name / "m.gguf" for name in ("a", "b", "c")]
+    for path, content in zip(paths, (data, data, other), strict=True):
+        path.parent.mkdir()
+        path.write_bytes(content)
+    os.utime(paths[1], ns=(10**18, 10**18))  # installed at another time
+    key = _file_key(paths[0])
+    assert key == _file_key(paths[1]) != _file_key(paths[2])
+    times = paths[0].stat()
+    paths[0].write_bytes(other)  # the same size and times: the kept digest answers, the file is not read
+    os.utime(paths[0], ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert _file_key(paths[0]) == key
+    os.utime(paths[0], ns=(times.st_atime_ns, times.st_mtime_ns + 1))  # changed: read again
+    assert _file_key(paths[0]) == _file_key(paths[2])
 
 
 def test_a_model_tokenizer_pair(smol_tokenizer):
