@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Backend", "CompiledGrammar", "GrammarState"]
+__all__ = ["Backend", "CompiledGrammar", "GrammarState", "forced_prefix"]
 
 
 class GrammarState(Protocol):
@@ -60,8 +60,8 @@ class GrammarState(Protocol):
         ...
 
     def find_jump_forward_string(self) -> str:
-        """The longest text every continuation starts with ("" if the next character is free).
-        Does not change the state."""
+        """The longest text every continuation starts with ("" if the next character is free), whole
+        characters only (:func:`forced_prefix`). Does not change the state."""
         ...
 
     def reset(self) -> None:
@@ -115,3 +115,15 @@ class CompiledGrammar(Protocol):
         """Whether ``token_ids`` (no EOS among them) take ``state``, one of this grammar's, to a complete
         match. Leaves ``state`` as it was (the check of a closing path, once per vetted token)."""
         ...
+
+
+def forced_prefix(forced: bytes) -> str:
+    """The whole characters that forced bytes begin with: a character split at their end is left out (the
+    next step forces it again), and bytes that begin inside a character (the output stands in the middle
+    of one: a token ended on its first byte) give "", as no text can say them."""
+    for cut in range(len(forced), max(len(forced) - 4, -1), -1):
+        try:
+            return forced[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""

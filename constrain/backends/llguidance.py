@@ -22,7 +22,7 @@ from typing import Any, cast
 import llguidance
 import torch
 
-from constrain.backends.base import GrammarState
+from constrain.backends.base import GrammarState, forced_prefix
 from constrain.caches import bounded
 
 __all__ = ["UNKNOWN_FORMATS", "LlguidanceBackend", "LlguidanceGrammar", "json_schema_grammar", "regex_grammar"]
@@ -150,13 +150,7 @@ class LlgState:
         return bool(self.matcher.is_accepting())
 
     def find_jump_forward_string(self) -> str:
-        forced = bytes(self.matcher.compute_ff_bytes())
-        for cut in range(len(forced), max(len(forced) - 4, -1), -1):  # drop a split UTF-8 tail
-            try:
-                return forced[:cut].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-        return ""
+        return forced_prefix(bytes(self.matcher.compute_ff_bytes()))
 
     def reset(self) -> None:
         self.matcher.reset()

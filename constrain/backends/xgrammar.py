@@ -20,7 +20,7 @@ import torch
 import xgrammar as xgr
 from xgrammar import structural_tag as st
 
-from constrain.backends.base import GrammarState
+from constrain.backends.base import GrammarState, forced_prefix
 from constrain.caches import bounded
 
 __all__ = [
@@ -290,6 +290,21 @@ def _leading_key(alternative: str) -> str | None:
     return key if isinstance(key, str) else None
 
 
+class _Matcher(xgr.GrammarMatcher):
+    """xgrammar's matcher, whose forced text never raises: xgrammar hands it over as ``str`` and fails to
+    decode it where it begins or ends inside a character (the grammar forces the rest of a Cyrillic key
+    after a token that wrote its first byte); the bytes are then read from the error."""
+
+    def find_jump_forward_string(self) -> str:
+        try:
+            return super().find_jump_forward_string()
+        except UnicodeDecodeError as error:
+            return forced_prefix(bytes(error.object))
+
+    def fork(self) -> _Matcher:
+        return _Matcher._create_from_handle(self._handle.fork())
+
+
 class XGrammarGrammar:
     """An xgrammar grammar compiled for one tokenizer (a :class:`~constrain.backends.base.CompiledGrammar`)."""
 
@@ -304,7 +319,7 @@ class XGrammarGrammar:
         return int(self.grammar.memory_size_bytes)
 
     def new_state(self, *, max_rollback_tokens: int = -1) -> GrammarState:
-        return xgr.GrammarMatcher(
+        return _Matcher(
             self.grammar,
             override_stop_tokens=list(self.backend.eos_token_ids) or None,
             max_rollback_tokens=max_rollback_tokens,

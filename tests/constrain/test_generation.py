@@ -162,6 +162,26 @@ def test_default_model_end_to_end(smollm2):
 
 
 @pytest.mark.real_model
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"schema": {"type": "object", "properties": {"a": {"enum": ["ключ", "дом"]}}, "required": ["a"]}},
+        {"schema": {"type": "object", "properties": {"ключ": {"type": "string"}}, "required": ["ключ"]}},
+        {"schema": {"type": "string", "pattern": "^дом[0-9]$"}},
+        {"choices": ["да", "нет"]},
+        {"regex": "привет|пока"},
+    ],
+    ids=["enum", "key", "pattern", "choices", "regex"],
+)
+def test_constraints_in_other_scripts(smollm2, constraint):
+    """Texts whose characters SmolLM2 writes a byte at a time, and grammars that force a character's
+    first byte alone (two words sharing it): each generation is valid (it raised a UnicodeDecodeError
+    from xgrammar's forced text, in the budget's closing search)."""
+    r = generate(smollm2, "Answer:", max_tokens=40, temperature=0, **constraint)
+    assert r.valid and r.finish_reason in ("stop", "length") and r.text, (r.text, r.finish_reason)
+
+
+@pytest.mark.real_model
 def test_second_model_family_end_to_end(gemma3):
     """Gemma 3 270M (base, 262,144-token SentencePiece vocabulary): nothing assumes SmolLM2."""
     handle = gemma3

@@ -137,3 +137,19 @@ def test_special_tokens_are_never_output_text(smol_tokenizer, engine):
     assert len(allowed) > 1000 and not allowed & special
     assert not matcher.accept_token(1) and not matcher.accept_token(0)
     assert matcher.accept_string('"') and matcher.accept_token(2) and matcher.is_terminated()
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_forced_text_inside_a_character_is_whole_characters(smol_tokenizer, engine: str) -> None:
+    """Two Cyrillic words sharing their first byte, written a byte at a time: where the forced bytes end
+    inside a character, they are cut before it; where they begin inside one (a token ended on its first
+    byte), no text can say them: "". The forced text never raises."""
+    schema = json.dumps({"enum": ["ключ", "дом"]})
+    state = _grammars(smol_tokenizer, schema)[engine].new_state()
+    tokens = smol_tokenizer.convert_tokens_to_ids(['"', "Ð", "\u00b4", "Ð¾Ð¼", '"'])  # '"', 0xd0, 0xb4, "ом", '"'
+    forced = []
+    for token in tokens:
+        forced.append(state.find_jump_forward_string())
+        assert state.accept_token(token)
+    assert state.is_completed()
+    assert forced == ['"', "", "", 'ом"', '"'], forced
