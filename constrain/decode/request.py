@@ -258,10 +258,12 @@ class InFlight:
         return self.finish_reason is not None
 
     def record_logprobs(self, logprobs: Any, row: int) -> None:
-        """Keep the sampled token's logprob and the top ones this request asked for."""
+        """Keep the sampled token's logprob and the top ones this request asked for, among the tokens the
+        mask allowed: where fewer were allowed, fewer are kept (a masked token's logprob is -inf, no
+        alternative, and no number JSON can carry)."""
         self.logprobs.append(float(logprobs.sampled[row]))
         top = zip(logprobs.top_token_ids[row].tolist(), logprobs.top_logprobs[row].tolist(), strict=True)
-        self.top_logprobs.append(dict(list(top)[: self.params.logprobs]))
+        self.top_logprobs.append({t: lp for t, lp in list(top)[: self.params.logprobs] if lp != -math.inf})
 
     def result(self) -> GenerationResult:
         """The finished request's result, its text checked against the constraint (:func:`check_output`)."""

@@ -488,8 +488,9 @@ def new_id(prefix: str) -> str:
 
 
 def _number(value: float) -> float | None:
-    """A logprob as JSON can carry it: None for NaN (a token the termination budget forced)."""
-    return None if math.isnan(value) else value
+    """A logprob as JSON can carry it: None for NaN (a token the termination budget forced), and OpenAI's
+    -9999.0 for -inf (no probability at all)."""
+    return None if math.isnan(value) else max(value, -9999.0)
 
 
 def chat_logprobs(handle: ModelHandle, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> Any:
@@ -515,7 +516,9 @@ def completion_logprobs(
     return {
         "tokens": tokens,
         "token_logprobs": [_number(lp) for lp in logprobs[: len(ids)]],
-        "top_logprobs": [{handle.tokenizer.decode([t]): lp for t, lp in top.items()} for top in tops[: len(ids)]],
+        "top_logprobs": [
+            {handle.tokenizer.decode([t]): _number(lp) for t, lp in top.items()} for top in tops[: len(ids)]
+        ],
         "text_offset": offsets,
     }
 

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import importlib
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -102,6 +103,11 @@ def test_logprobs(tiny):
     r = generate(tiny, "Code:", regex=r"\d{3}", seed=1, logprobs=2)
     assert len(r.logprobs) == len(r.token_ids) == 3
     assert all(lp <= 0 for lp in r.logprobs) and all(len(top) == 2 for top in r.top_logprobs)
+    few = generate(tiny, "Code:", regex=r"[xy][01]", seed=1, logprobs=5)  # fewer than 5 tokens allowed a step
+    tops = few.top_logprobs
+    assert few.valid and all(0 < len(top) < 5 for top in tops), tops
+    assert all(math.isfinite(lp) for top in tops for lp in top.values()), "masked tokens are no alternatives"
+    assert all(token in top for token, top in zip(few.token_ids, tops, strict=True))
 
 
 def test_stream_deltas_concatenate_to_the_result(tiny):

@@ -123,6 +123,19 @@ def test_logprobs(server):
     assert all(t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)  # greedy took the top token
 
 
+def test_constrained_logprobs_list_only_allowed_tokens(server):
+    """Where the mask allows fewer tokens than asked for (an enum's forced text), fewer come back: a
+    masked token is no alternative, and its -inf is no number JSON carries (it was a 500)."""
+    schema = {"type": "object", "properties": {"c": {"enum": ["red", "green"]}}, "required": ["c"]}
+    kwargs = {"max_tokens": 20, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    kwargs["response_format"] = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    content = _chat(server, **kwargs).choices[0].logprobs.content
+    assert any(len(t.top_logprobs) < 3 for t in content)
+    assert all(1 <= len(t.top_logprobs) <= 3 and t.logprob > -9999 for t in content)
+    streamed = [c for c in _chat(server, stream=True, **kwargs) if c.choices and c.choices[0].logprobs]
+    assert sum(len(c.choices[0].logprobs.content) for c in streamed) == len(content)
+
+
 def test_streamed_logprobs_match_the_whole_response(server):
     kwargs = {"max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
     whole = _chat(server, **kwargs).choices[0].logprobs.content
