@@ -15,7 +15,7 @@ import string
 from collections.abc import Iterator
 from typing import Any
 
-from constrain.constraints.constraint import JsonSchema, Regex
+from constrain.constraints.constraint import Grammar, JsonSchema, Regex
 from constrain.match.matcher import Matcher
 
 __all__ = ["FORMATS", "MAX_HINTS", "example", "hints"]
@@ -104,32 +104,38 @@ def example(pattern: str) -> str | None:
 
 def hints(matcher: Matcher) -> list[str]:
     """Texts worth trying inside free text, from ``matcher``'s constraint (see the module docstring), at
-    most :data:`MAX_HINTS`, each once; ``[]`` for grammars and choices. Does not change ``matcher``."""
+    most :data:`MAX_HINTS`, each once: a regex's, a schema's, and those of the schemas a grammar embeds
+    (tool calls' arguments); ``[]`` for other grammars and choices. Does not change ``matcher``."""
     compiled = matcher.compiled
     constraint = compiled.constraint
     if isinstance(constraint, Regex):
         found = example(constraint.pattern)
         return [found] if found else []
+    if isinstance(constraint, Grammar):
+        schemas = [schema.schema_value for _, schema in constraint.embedded.schemas] if constraint.embedded else []
+        return list(itertools.islice(dict.fromkeys(text for text in _texts(schemas) if text), MAX_HINTS))
     if not isinstance(constraint, JsonSchema):
         return []
-
-    def walk(node: Any) -> Iterator[str]:
-        if isinstance(node, dict):
-            if isinstance(node.get("pattern"), str):
-                found = example(node["pattern"])
-                if found is not None:
-                    yield json.dumps(found)[1:-1]
-            if isinstance(node.get("format"), str) and node["format"] in FORMATS:
-                yield FORMATS[node["format"]]
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
 
     # the schema as the engine was given it (its patterns and formats as prepared) where the compiled
     # constraint keeps one (CompiledConstraint.engine_schema: not part of what a matcher needs), else the user's
     schema = getattr(compiled, "engine_schema", None)
     if schema is None:
         schema = constraint.schema_value
-    return list(itertools.islice(dict.fromkeys(text for text in walk(schema) if text), MAX_HINTS))
+    return list(itertools.islice(dict.fromkeys(text for text in _texts(schema) if text), MAX_HINTS))
+
+
+def _texts(node: Any) -> Iterator[str]:
+    """The examples of the patterns (as JSON string content) and formats in a schema, or in a list of them."""
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            found = example(node["pattern"])
+            if found is not None:
+                yield json.dumps(found)[1:-1]
+        if isinstance(node.get("format"), str) and node["format"] in FORMATS:
+            yield FORMATS[node["format"]]
+        for value in node.values():
+            yield from _texts(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _texts(value)

@@ -423,3 +423,35 @@ def test_auto_tools_under_speculation_give_plain_decodings_reply(smollm2, prompt
     assert (drafted.content, drafted.tool_calls, drafted.finish_reason) == (plain.content, plain.tool_calls,
                                                                              plain.finish_reason)  # fmt: skip
     assert drafted.violations == []
+
+
+BOOK = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "day": {"type": "string", "format": "date"},
+                "at": {"type": "string", "format": "date-time"},
+            },
+            "required": ["day", "at"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["required", "book"])
+def test_a_forced_call_with_dated_arguments_fits_its_budget(tiny, choice):
+    """The closing search takes its hints from the arguments' schemas too (a date's example): without
+    them it found no way through a date's pattern, and every forced call of such a tool was refused up
+    front, "no valid output fits" (instructor's default mode on a model with a ``date`` field)."""
+    from constrain.match.hints import hints
+
+    spec = constrain.tool_calling([BOOK], tool_choice=choice)
+    matcher = constrain.compile(spec.constraint(), tiny.tokenizer).matcher()
+    assert {"2000-01-01", "2000-01-01T00:00:00Z"} <= set(hints(matcher))
+    for seed in range(2):
+        r = constrain.chat(tiny, [{"role": "user", "content": "Book it."}], tools=[BOOK], tool_choice=choice,
+                           max_tokens=120, seed=seed, temperature=1.3)  # fmt: skip
+        assert r.valid and [c.name for c in r.tool_calls] == ["book"], (r.generation.text, r.violations)
