@@ -41,7 +41,6 @@ import itertools
 import json
 import logging
 import math
-import re
 import threading
 import time
 import weakref
@@ -796,11 +795,12 @@ _LITERALS = frozenset({"const", "enum", "default", "examples"})
 
 
 class _PythonPattern:
-    """``pattern`` for jsonschema-rs as ``jsonschema`` reads it: Python's ``re.search`` (``$`` matches
-    before a final newline there, not in ECMA 262)."""
+    """``pattern`` for jsonschema-rs as ``jsonschema`` reads it: a search (``$`` matches before a final
+    newline there, not in ECMA 262), by the ``regex`` module, which reads Python's syntax and ECMA 262's
+    Unicode properties (``\\p{L}``) too."""
 
     def __init__(self, parent_schema: dict[str, Any], value: str, schema_path: list[str | int]) -> None:
-        self.pattern = re.compile(value)
+        self.pattern = regex.compile(value)
 
     def validate(self, instance: Any) -> None:
         if isinstance(instance, str) and self.pattern.search(instance) is None:
@@ -826,12 +826,12 @@ def _python_multiple_of(python: type) -> type:
 
 def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
     """``patternProperties`` and ``additionalProperties`` for jsonschema-rs as ``jsonschema`` reads them:
-    a key matches a pattern by Python's ``re.search``, and is additional where it is neither declared nor
+    a key matches a pattern by a search (the ``regex`` module), and is additional where it is neither declared nor
     matches the patterns joined by ``|``. ``build``: a native validator of a subschema."""
 
     class PatternProperties:
         def __init__(self, parent_schema: dict[str, Any], value: dict[str, Any], schema_path: list[Any]) -> None:
-            self.patterns = [(re.compile(pattern), build(sub)) for pattern, sub in value.items()]
+            self.patterns = [(regex.compile(pattern), build(sub)) for pattern, sub in value.items()]
 
         def validate(self, instance: Any) -> None:
             if not isinstance(instance, dict):
@@ -845,7 +845,7 @@ def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
         def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: list[Any]) -> None:
             declared, patterns = parent_schema.get("properties"), parent_schema.get("patternProperties")
             self.declared = set(declared) if isinstance(declared, dict) else set()
-            self.patterns = re.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
+            self.patterns = regex.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
             self.schema = value
             self.validator = build(value) if isinstance(value, dict) else None
 

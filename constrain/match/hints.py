@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import string
 from collections.abc import Iterator
 from typing import Any
+
+import regex
 
 from constrain.constraints.constraint import Grammar, JsonSchema, Regex
 from constrain.match.matcher import Matcher
@@ -34,6 +37,16 @@ MAX_HINTS = 32
 _CANDIDATES = "a0A_-.:/@ " + string.printable
 
 
+_PROPERTY = regex.compile(r"\\[pP]\{[^}]*\}")
+"""A Unicode property (``\\p{Lu}``, ``\\P{L}``), which Python's ``re`` cannot parse."""
+
+
+def _property_example(found: regex.Match[str]) -> str:
+    """A character of the property ``found`` names, as a literal ``re`` parses ("" where none is met)."""
+    test = regex.compile(found.group(0))
+    return next((re.escape(ch) for ch in _CANDIDATES + "éÉ" if test.fullmatch(ch)), "")
+
+
 def example(pattern: str) -> str | None:
     """A short string that ``pattern`` matches (the fewest repeats, the shortest branch), or None.
 
@@ -43,7 +56,7 @@ def example(pattern: str) -> str | None:
     try:
         from re import _parser  # type: ignore[attr-defined,unused-ignore]  # the stdlib's regex parser (3.11+)
 
-        tree = _parser.parse(pattern)
+        tree = _parser.parse(_PROPERTY.sub(_property_example, pattern))
     except Exception:  # a pattern Python cannot parse, or another Python: no example
         return None
     groups: dict[int, str] = {}
@@ -118,11 +131,10 @@ def hints(matcher: Matcher) -> list[str]:
         return []
 
     # the schema as the engine was given it (its patterns and formats as prepared) where the compiled
-    # constraint keeps one (CompiledConstraint.engine_schema: not part of what a matcher needs), else the user's
-    schema = getattr(compiled, "engine_schema", None)
-    if schema is None:
-        schema = constraint.schema_value
-    return list(itertools.islice(dict.fromkeys(text for text in _texts(schema) if text), MAX_HINTS))
+    # constraint keeps one (CompiledConstraint.engine_schema: not part of what a matcher needs), then the
+    # user's (the patterns the value checks match, left out of the engine's)
+    schemas = [getattr(compiled, "engine_schema", None), constraint.schema_value]
+    return list(itertools.islice(dict.fromkeys(text for text in _texts(schemas) if text), MAX_HINTS))
 
 
 def _texts(node: Any) -> Iterator[str]:

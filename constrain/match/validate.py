@@ -45,10 +45,31 @@ def schema_validator(schema_text: str, *, approximate_remote: bool = False) -> j
     ``approximate_remote``, stands for ``true``: what a lenient compile reports as approximated, and
     what the value checks then take it to mean (they never meet an error there)."""
     schema = json.loads(schema_text)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = _unicode_patterns(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
     # No $ref is ever fetched over the network.
     registry: Registry[Any] = Registry(retrieve=_anything) if approximate_remote else Registry()  # type: ignore[call-arg]
     return cls(schema, registry=registry, format_checker=FORMATS)
+
+
+@bounded("match.unicode_patterns", maxsize=8)
+def _unicode_patterns(cls: Any) -> Any:
+    """``cls`` with ``pattern`` and ``patternProperties`` searched by the ``regex`` module: Python's ``re``
+    cannot read ECMA 262's ``\\p{L}``, which the metaschema check lets through."""
+
+    def pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not regex_module.search(pattern, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+    def pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "object"):
+            for found, subschema in patterns.items():
+                for key, value in instance.items():
+                    if regex_module.search(found, key):
+                        yield from validator.descend(value, subschema, path=key, schema_path=found)
+
+    extended = jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties})
+    extended.__name__ = extended.__qualname__ = cls.__name__  # its draft's name (the value checks read it)
+    return extended
 
 
 def _anything(uri: str) -> Resource[Any]:
