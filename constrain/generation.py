@@ -92,10 +92,16 @@ def resolve_constraint(
 
 
 def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
-    """The token ids ``prompt`` feeds the model: a string encoded, or chat messages through the chat template."""
+    """The token ids ``prompt`` feeds the model: a string encoded (an empty one: the BOS token alone), or chat
+    messages through the chat template."""
     tokenizer = handle.tokenizer
     if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt))
+        ids = list(tokenizer.encode(prompt))
+        if not ids and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id]  # an empty prompt: the model starts from its BOS alone
+        if not ids:
+            raise ValueError(f"the prompt is empty, and {handle.name}'s tokenizer has no BOS token to start from")
+        return ids
     if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
         raise ValueError("a prompt is a string or a non-empty list of {'role': ..., 'content': ...} messages")
     if getattr(tokenizer, "chat_template", None) is None:

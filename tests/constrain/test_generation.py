@@ -110,6 +110,14 @@ def test_logprobs(tiny):
     assert all(token in top for token, top in zip(few.token_ids, tops, strict=True))
 
 
+def test_an_empty_prompt_starts_from_the_bos_token(tiny):
+    """An empty prompt encodes to no token: the model starts from its BOS alone, alone or in a batch (it
+    was a raw torch error alone, and text in a batch)."""
+    alone = generate(tiny, "", max_tokens=4, temperature=0, regex=r"\d{3}")
+    batched = generate(tiny, ["", "x"], max_tokens=4, temperature=0, regex=r"\d{3}")
+    assert alone.valid and alone.usage.prompt_tokens == 1 and alone.text == batched[0].text
+
+
 def test_stream_deltas_concatenate_to_the_result(tiny):
     events = list(stream(tiny, "JSON:", schema=SMALL, max_tokens=64, seed=3))
     final = events[-1]
