@@ -416,13 +416,28 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The roles a chat message may have (OpenAI's)."""
+
+
 def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with content parts joined into text; ``ValueError`` for a non-text part."""
+    """``messages`` with content parts joined into text; :class:`FieldError` naming the message's field for
+    an unknown role, a missing or non-text content (an assistant's calls stand for its content), or a tool
+    result without the id of its call."""
     out = []
     for i, message in enumerate(messages):
-        if not isinstance(message.get("role"), str):
+        role = message.get("role")
+        if not isinstance(role, str):
             raise FieldError(f"messages.{i}.role", "a message needs a role (a string)")
+        if role not in ROLES:
+            raise FieldError(f"messages.{i}.role", f"unknown role {role!r}: one of {', '.join(ROLES)}")
         content = message.get("content")
+        if content is None and not (role == "assistant" and message.get("tool_calls")):
+            raise FieldError(f"messages.{i}.content", "a message needs content (a string or text parts)")
+        if content is not None and not isinstance(content, (str, list)):
+            raise FieldError(f"messages.{i}.content", "content is a string or a list of text parts")
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise FieldError(f"messages.{i}.tool_call_id", "a tool message needs the id of the call it answers")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):

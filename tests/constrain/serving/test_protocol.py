@@ -272,12 +272,23 @@ def test_max_tokens_beside_an_equal_max_completion_tokens_is_accepted(tiny):
         ([{"content": "Hi"}], "messages.0.role"),
         ([{"role": "user", "content": "Hi"}, {"role": "user", "content": [{"type": "image_url"}]}],
          "messages.1.content.0"),
+        ([{"role": "wizard", "content": "Hi"}], "messages.0.role"),
+        ([{"role": "user"}], "messages.0.content"),
+        ([{"role": "user", "content": 5}], "messages.0.content"),
+        ([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "22"}], "messages.1.tool_call_id"),
     ],
 )  # fmt: skip
 def test_a_bad_message_is_named_by_its_path(tiny, messages, field):
     with pytest.raises(FieldError) as info:
         chat_requests(_chat(messages=messages), tiny)
     assert info.value.field == field and str(info.value).startswith(field + ": ")
+
+
+def test_an_assistant_message_of_calls_alone_needs_no_content(tiny):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}]  # fmt: skip
+    assert chat_requests(_chat(messages=messages), tiny)[0].prompt
 
 
 @pytest.mark.parametrize("name", ["", "has space", "x" * 65, "é"])
