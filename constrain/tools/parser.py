@@ -18,7 +18,18 @@ from constrain.jsonscan import START, JsonSyntaxError
 from constrain.tools.definitions import Tool
 from constrain.tools.formats import CALL_END, CALL_OPEN, NAME_END, ToolFormat
 
-__all__ = ["ChatDelta", "ParsedReply", "ToolCall", "ToolCallDelta", "ToolCallParser", "tool_call_json"]
+__all__ = [
+    "ENDED_INSIDE_CALLS",
+    "ChatDelta",
+    "ParsedReply",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallParser",
+    "tool_call_json",
+]
+
+ENDED_INSIDE_CALLS = "the reply ended inside the tool calls"
+"""The violation of a reply that stopped before its calls were whole (a stop string, ``max_tokens``)."""
 
 
 def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -148,7 +159,7 @@ class ToolCallParser:
         if self._state == "after_call" and self._pending == self._format.end:
             self._state = "done"
         elif self._state not in ("done", "error", "text") and self._calls:
-            self._violations.append("the reply ended inside the tool calls")
+            self._violations.append(ENDED_INSIDE_CALLS)
         return ChatDelta()
 
     def fork(self) -> ToolCallParser:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from constrain.results import FinishReason, GenerationResult
-from constrain.tools.parser import ParsedReply, ToolCall
+from constrain.tools.parser import ENDED_INSIDE_CALLS, ParsedReply, ToolCall
 
 __all__ = ["AssistantReply", "assistant_reply", "finish_reason"]
 
@@ -29,8 +29,14 @@ class AssistantReply:
 
 
 def finish_reason(result: GenerationResult, reply: ParsedReply | None) -> FinishReason | Literal["tool_calls"]:
-    """OpenAI's finish reason of a reply: ``"tool_calls"`` when it ended by itself with calls."""
-    if reply is not None and reply.tool_calls and result.finish_reason == "stop":
+    """OpenAI's finish reason of a reply: ``"tool_calls"`` when it ended by itself with calls, each whole
+    (a stop string met inside a call ends it ``"stop"``, with the violations saying what is missing)."""
+    if (
+        reply is not None
+        and reply.tool_calls
+        and result.finish_reason == "stop"
+        and ENDED_INSIDE_CALLS not in reply.violations
+    ):
         return "tool_calls"
     return result.finish_reason
 

@@ -455,3 +455,16 @@ def test_a_forced_call_with_dated_arguments_fits_its_budget(tiny, choice):
         r = constrain.chat(tiny, [{"role": "user", "content": "Book it."}], tools=[BOOK], tool_choice=choice,
                            max_tokens=120, seed=seed, temperature=1.3)  # fmt: skip
         assert r.valid and [c.name for c in r.tool_calls] == ["book"], (r.generation.text, r.violations)
+
+
+def test_a_stop_string_inside_a_call_ends_the_reply_with_stop(tiny):
+    """The calls are not whole: ``"tool_calls"`` would tell a client to run them (it said so, with the
+    arguments cut at the stop string); ``"stop"``, and the violations say what is missing."""
+    whole = constrain.chat(tiny, [{"role": "user", "content": "Weather?"}], tools=[get_weather],
+                           tool_choice="required", max_tokens=64, temperature=0)  # fmt: skip
+    assert whole.finish_reason == "tool_calls" and whole.valid
+    cut = whole.generation.text[: whole.generation.text.index('"city"') + 8]  # inside the first argument
+    r = constrain.chat(tiny, [{"role": "user", "content": "Weather?"}], tools=[get_weather], tool_choice="required",
+                       max_tokens=64, temperature=0, stop=[whole.generation.text[len(cut):len(cut) + 2]])  # fmt: skip
+    assert r.finish_reason == "stop" and not r.valid, (r.generation.text, r.finish_reason)
+    assert "the reply ended inside the tool calls" in r.violations
