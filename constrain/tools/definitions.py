@@ -144,12 +144,19 @@ def _name(given: str | None, default: str) -> str:
     return label
 
 
+_FIELDS = frozenset({"name", "description", "parameters", "strict"})
+"""The fields of an OpenAI function definition (``strict``: constrain's calls always are)."""
+
+
 def _definition(source: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """(name, description, parameters) of an OpenAI tool definition."""
     function = source.get("function")
     label = str(function.get("name", "")) if isinstance(function, dict) else ""
     if source.get("type") != "function" or not isinstance(function, dict):
         raise ToolError(label, 'a tool definition is {"type": "function", "function": {"name": ..., ...}}')
+    unknown = sorted(set(source) - {"type", "function"}) + [f"function.{k}" for k in sorted(set(function) - _FIELDS)]
+    if unknown:
+        raise ToolError(label, f"unknown field {unknown[0]!r} in the definition (a function has {', '.join(_FIELDS)})")
     doc = function.get("description") or ""
     schema = function.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False})
     if not isinstance(doc, str) or not isinstance(schema, dict):

@@ -89,6 +89,8 @@ def _star(*cities: str) -> None:
         (_star, "'_star'.*'cities' cannot be passed by keyword"),
         (lambda x: x, "'<lambda>'.*1 to 64 letters"),
         ({"type": "function", "function": {"name": "auto"}}, "'auto'.*tool_choice values"),
+        ({"type": "function", "function": {"name": "f", "foo": 1}}, "'f'.*unknown field 'function.foo'"),
+        ({"type": "function", "function": {"name": "f"}, "extra": {}}, "'f'.*unknown field 'extra'"),
     ],
 )
 def test_bad_definitions_raise_tool_errors(source, match):
