@@ -302,7 +302,7 @@ class _Matcher(xgr.GrammarMatcher):
             return forced_prefix(bytes(error.object))
 
     def fork(self) -> _Matcher:
-        return _Matcher._create_from_handle(self._handle.fork())
+        return cast(_Matcher, _Matcher._create_from_handle(self._handle.fork()))  # type: ignore[union-attr]
 
 
 class XGrammarGrammar:

@@ -673,7 +673,7 @@ class ValueChecks:
 
     def _native_options(self, objects: bool) -> dict[str, Any]:
         """How jsonschema-rs is built for this schema: its references into the document resolved, every
-        format checked by this package's checkers (none it does not know), ``pattern`` by Python's ``re``,
+        format checked by this package's checkers (none it does not know), ``pattern`` searched by ``regex``,
         ``multipleOf`` by ``jsonschema`` (:func:`_python_multiple_of`) and (``objects``) ``patternProperties``
         and ``additionalProperties`` too (:func:`_object_keywords`). Memoized."""
         if objects in self._options:
@@ -683,7 +683,7 @@ class ValueChecks:
             "base_uri": _ROOT_URI + "/node",
             "formats": {name: functools.partial(FORMATS.conforms, format=name) for name in _FORMAT_NAMES},
             "validate_formats": True,
-            "keywords": {"pattern": _PythonPattern, "multipleOf": _python_multiple_of(type(self.validator))},
+            "keywords": {"pattern": _SearchPattern, "multipleOf": _python_multiple_of(type(self.validator))},
         }
         if objects:
             native = _NATIVE[type(self.validator).__name__]
@@ -696,7 +696,7 @@ class ValueChecks:
 
     def _native_reading(self, index: int) -> bool | None:
         """How jsonschema-rs reads subschema ``index`` and every subschema it reaches as ``jsonschema`` does:
-        ``False``, with ``pattern`` alone through Python's ``re`` (:class:`_PythonPattern`); ``True``, with
+        ``False``, with ``pattern`` alone searched by ``regex`` (:class:`_SearchPattern`); ``True``, with
         ``patternProperties`` and ``additionalProperties`` too (some subschema has ``patternProperties``:
         ECMA 262 regexes there); None where it cannot: references beyond the document
         (``true`` here), an ``$id`` below the root (a base URI of its own), dynamic references,
@@ -794,7 +794,7 @@ _LITERALS = frozenset({"const", "enum", "default", "examples"})
 """Keywords whose values are JSON values, not schemas: :func:`_rooted` leaves them as they are."""
 
 
-class _PythonPattern:
+class _SearchPattern:
     """``pattern`` for jsonschema-rs as ``jsonschema`` reads it: a search (``$`` matches before a final
     newline there, not in ECMA 262), by the ``regex`` module, which reads Python's syntax and ECMA 262's
     Unicode properties (``\\p{L}``) too."""

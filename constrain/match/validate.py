@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import regex as regex_module
@@ -48,7 +48,7 @@ def schema_validator(schema_text: str, *, approximate_remote: bool = False) -> j
     cls = _unicode_patterns(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
     # No $ref is ever fetched over the network.
     registry: Registry[Any] = Registry(retrieve=_anything) if approximate_remote else Registry()  # type: ignore[call-arg]
-    return cls(schema, registry=registry, format_checker=FORMATS)
+    return cast(jsonschema.protocols.Validator, cls(schema, registry=registry, format_checker=FORMATS))
 
 
 @bounded("match.unicode_patterns", maxsize=8)
@@ -67,7 +67,8 @@ def _unicode_patterns(cls: Any) -> Any:
                     if regex_module.search(found, key):
                         yield from validator.descend(value, subschema, path=key, schema_path=found)
 
-    extended = jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties})
+    keywords = {"pattern": pattern, "patternProperties": pattern_properties}
+    extended = jsonschema.validators.extend(cls, keywords)  # type: ignore[no-untyped-call]
     extended.__name__ = extended.__qualname__ = cls.__name__  # its draft's name (the value checks read it)
     return extended
 
