@@ -223,9 +223,9 @@ def admit(
     ``on_event(k, event)``: called with completion ``k``'s :class:`StreamEvent` s, on the thread that runs
     the loop (None: no events). ``partials``: whether events of a JSON schema carry the partial value
     (a parse of the whole text per token; servers without a use for it save that)."""
-    if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
+    if isinstance(spec.max_tokens, bool) or not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
-    if not isinstance(spec.n, int) or spec.n < 1:
+    if isinstance(spec.n, bool) or not isinstance(spec.n, int) or spec.n < 1:
         raise ValueError(f"n must be a positive integer, got {spec.n!r}")
     params = SamplingParams(**spec.sampling)
     outside = [t for t in params.logit_bias if not 0 <= t < handle.vocab_size]
@@ -309,6 +309,20 @@ def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
     """How ``spec`` runs: its ``n`` completions in the batch, or a beam search (``num_beams > 1``)."""
     check_beam_options(spec.num_beams, spec.length_penalty)
     return admit_beam_search(handle, spec) if spec.num_beams > 1 else admit(handle, spec)
+
+
+def _plans(handle: ModelHandle, specs: list[Request]) -> list[list[InFlight] | BeamSearch]:
+    """Each request's :func:`_plan`, in order; the error of a request in a batch of several says which
+    one it was (a note on the exception: ``request 2 of the 3 in this batch``), and that none was run."""
+    plans = []
+    for index, spec in enumerate(specs):
+        try:
+            plans.append(_plan(handle, spec))
+        except Exception as err:
+            if len(specs) > 1 and hasattr(err, "add_note"):  # (Python 3.11 and later)
+                err.add_note(f"request {index} of the {len(specs)} in this batch; none of them was run")
+            raise
+    return plans
 
 
 SAMPLING_OPTIONS = tuple(f.name for f in fields(SamplingParams))
@@ -415,7 +429,7 @@ def generate(
     """
     specs, decoding, single = _requests("generate", prompt, dict(options), REQUEST_OPTIONS)
     handle = model_handle(model)
-    plans = [_plan(handle, spec) for spec in specs]  # every error surfaces before any forward
+    plans = _plans(handle, specs)  # every error surfaces before any forward
     expanded = [plan for plan in plans if not isinstance(plan, BeamSearch)]
     _run(handle, [r for group in expanded for r in group], **decoding)
     results = [p.run() if isinstance(p, BeamSearch) else [r.result() for r in p] for p in plans]  # searches one by one

@@ -118,6 +118,16 @@ def test_an_empty_prompt_starts_from_the_bos_token(tiny):
     assert alone.valid and alone.usage.prompt_tokens == 1 and alone.text == batched[0].text
 
 
+@pytest.mark.skipif(not hasattr(Exception, "add_note"), reason="exception notes are Python 3.11's")
+def test_a_bad_request_in_a_batch_is_named_by_its_place(tiny):
+    """Bad input is refused before any token, for the whole call; the error says which request it was."""
+    tight = constrain.Request("a", schema={"type": "object", "properties": {"n": {"type": "string"}},
+                                           "required": ["n"]}, max_tokens=3)  # fmt: skip
+    with pytest.raises(constrain.BudgetError) as info:
+        generate(tiny, [constrain.Request("Phone: ", regex=r"\d{3}"), tight])
+    assert info.value.__notes__ == ["request 1 of the 2 in this batch; none of them was run"]
+
+
 def test_stream_deltas_concatenate_to_the_result(tiny):
     events = list(stream(tiny, "JSON:", schema=SMALL, max_tokens=64, seed=3))
     final = events[-1]
@@ -153,6 +163,8 @@ def test_bad_arguments_fail_before_generating(tiny):
         generate(tiny, "x", regex="a", choices=["a"])
     with pytest.raises(ValueError, match="max_tokens"):
         generate(tiny, "x", max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer, got True"):
+        generate(tiny, "x", max_tokens=True)  # a bool is no count
     with pytest.raises(InvalidSamplingParamsError, match="top_p"):
         generate(tiny, "x", top_p=2.0)
     with pytest.raises(constrain.RegexError):
