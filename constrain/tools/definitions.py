@@ -99,9 +99,10 @@ def tool(source: Any, *, name: str | None = None, description: str | None = None
     Raises
     ------
     ToolError
-        A malformed definition, a name OpenAI would refuse (1 to 64 letters, digits, ``_``, ``-``),
-        a function parameter without a type hint or not passable by keyword, or arguments whose
-        schema is malformed or unsupported (the schema error, with its JSON pointer, is the cause).
+        A malformed definition (a field OpenAI's has not, too), a name OpenAI would refuse (1 to 64
+        letters, digits, ``_``, ``-``), a function parameter without a type hint or not passable by
+        keyword, or arguments whose schema is malformed or unsupported (the schema error, with its JSON
+        pointer, is the cause).
     ValueError
         ``source`` is none of the above.
     """
