@@ -178,8 +178,8 @@ def json_schema(
     Raises
     ------
     SchemaError
-        Malformed JSON text, or a schema that breaks the draft 2020-12 metaschema
-        (the message names the JSON pointer).
+        Malformed JSON text, or a schema that breaks its draft's metaschema (the one its ``$schema``
+        names; 2020-12's where it names none), the message naming the JSON pointer.
     ValueError
         An unknown mode, whitespace policy or property order.
     """
@@ -230,31 +230,62 @@ _META_FORMATS = jsonschema.FormatChecker()
 _META_FORMATS.checks("regex")(_is_regex)
 
 
-@bounded("constraints.metaschema", maxsize=1)
-def _metaschema() -> Any:
-    """The draft 2020-12 metaschema as a jsonschema-rs validator, with ``regex`` checked by
-    :func:`_is_regex`, as the python-jsonschema check after it does (it then agrees with that check on all
-    6,101 schemas of MaskBench and the JSON Schema Test Suite; measured with Python's ``re``)."""
-    return jsonschema_rs.Draft202012Validator(
-        jsonschema.Draft202012Validator.META_SCHEMA, validate_formats=True, formats={"regex": _is_regex}
-    )
+NATIVE_VALIDATORS: dict[str, Any] = {
+    "Draft4Validator": jsonschema_rs.Draft4Validator,
+    "Draft6Validator": jsonschema_rs.Draft6Validator,
+    "Draft7Validator": jsonschema_rs.Draft7Validator,
+    "Draft201909Validator": jsonschema_rs.Draft201909Validator,
+    "Draft202012Validator": jsonschema_rs.Draft202012Validator,
+}
+"""jsonschema-rs's validator of each draft it has (not draft 3), by the name of ``jsonschema``'s."""
+
+
+@bounded("constraints.metaschema", maxsize=8)
+def _metaschema(draft: type[Any]) -> Any:
+    """``draft``'s metaschema (a ``jsonschema`` validator class) as a jsonschema-rs validator, with ``regex``
+    checked by :func:`_is_regex`, as the python-jsonschema check after it does (it then agrees with that
+    check on all 6,101 schemas of MaskBench and the JSON Schema Test Suite; measured with Python's ``re``
+    against 2020-12's)."""
+    return NATIVE_VALIDATORS[draft.__name__](draft.META_SCHEMA, validate_formats=True, formats={"regex": _is_regex})
 
 
 @bounded("constraints.checked_schemas", maxsize=1024)
 def _check_schema(text: str) -> None:
-    """Validate against the draft 2020-12 metaschema (cached).
+    """Validate against the metaschema of the draft the schema's ``$schema`` names, 2020-12 where it names
+    none, draft 3, or one ``jsonschema`` does not know (the output is validated under the draft named,
+    :mod:`constrain.match.validate`), but for the rules 2020-12 dropped (:func:`_rule_2020_12_dropped`);
+    cached.
 
     jsonschema-rs decides (p99 0.25 ms on MaskBench, where python-jsonschema takes 96 ms); a schema it
     refuses goes through python-jsonschema, which has the last word and the error message.
     """
     value = json.loads(text)
-    if _metaschema().is_valid(value):
+    draft = jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator)
+    if draft is jsonschema.Draft3Validator:  # too unlike the others for the walk to read (its `required: true`)
+        draft = jsonschema.Draft202012Validator
+    if _metaschema(draft).is_valid(value):
         return
-    meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA, format_checker=_META_FORMATS)
-    err = jsonschema.exceptions.best_match(meta.iter_errors(value))
+    errors = draft(draft.META_SCHEMA, format_checker=_META_FORMATS).iter_errors(value)
+    err = jsonschema.exceptions.best_match(e for e in errors if not _rule_2020_12_dropped(e))
     if err is not None:
         pointer = "/" + "/".join(str(p) for p in err.path) if err.path else ""
         raise SchemaError(err.message, pointer) from err
+
+
+def _rule_2020_12_dropped(err: jsonschema.ValidationError) -> bool:
+    """Whether a metaschema error is one of draft 4's (and 6's, 7's) rules that an ``enum`` or ``required``
+    list be non-empty and without duplicates, which 2020-12 dropped, or an ``anyOf`` failing only by them
+    in one of its branches (``items``: a schema or a list of them). Those rules change no instance's
+    validity, and real schemas break them (four of MaskBench's draft 4 schemas repeat an ``enum`` value),
+    so they are not held against a schema."""
+    if err.validator in ("uniqueItems", "minItems"):
+        return bool(err.path) and err.path[-1] in ("enum", "required")
+    if err.validator != "anyOf" or not err.context:
+        return False
+    branches: dict[Any, list[jsonschema.ValidationError]] = {}
+    for inner in err.context:
+        branches.setdefault(inner.relative_schema_path[0], []).append(inner)
+    return any(all(map(_rule_2020_12_dropped, errors)) for errors in branches.values())
 
 
 def _schema_of_type(tp: Any) -> Any:

@@ -586,6 +586,8 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
         Strict mode, and a keyword that can be neither enforced nor checked.
     """
     schema = resolve_from_resources(schema)
+    if draft_of(schema) == 4:
+        schema = _bounds_as_numbers(schema)
     preparer = _Preparer(schema, lenient, closed)
     prepared = preparer.schema(schema, "")
     if prepared is False:
@@ -594,3 +596,24 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
     entries = sorted(preparer.coverage.items())  # by pointer, then keyword
     return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
+
+
+def _bounds_as_numbers(node: Any) -> Any:
+    """A copy of a draft 4 schema with its boolean ``exclusiveMinimum`` and ``exclusiveMaximum`` (which
+    make ``minimum`` and ``maximum`` exclusive) written as 2020-12's numbers, which the walk and the engines
+    read: ``{"minimum": 0, "exclusiveMinimum": true}`` becomes ``{"exclusiveMinimum": 0}``; ``false``, or one
+    without its bound, is dropped. Nodes without them are copied as they are; ``node`` is not mutated."""
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _MAP_KEYS and isinstance(value, dict):
+            out[key] = {name: _bounds_as_numbers(sub) for name, sub in value.items()}
+        elif key in SUBSCHEMA_KEYS:
+            out[key] = [*map(_bounds_as_numbers, value)] if isinstance(value, list) else _bounds_as_numbers(value)
+        else:
+            out[key] = value
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(exclusive), bool) and out.pop(exclusive) and bound in out:
+            out[exclusive] = out.pop(bound)
+    return out

@@ -53,7 +53,7 @@ import regex
 from constrain import caches
 from constrain.backends.tokenizer import TokenizerInfo
 from constrain.caches import bounded
-from constrain.constraints.constraint import EmbeddedJson
+from constrain.constraints.constraint import NATIVE_VALIDATORS, EmbeddedJson
 from constrain.constraints.formats import FORMATS, format_status
 from constrain.constraints.schema import CoverageEntry, subschemas
 from constrain.constraints.schema_refs import resolve_local
@@ -662,7 +662,7 @@ class ValueChecks:
         """A validator of ``kept`` (some keywords of subschema ``index``): jsonschema-rs, hundreds of times
         faster, where it reads them as ``jsonschema`` does (:meth:`_native_reading`); else ``jsonschema``."""
         python = self.validator.evolve(schema=kept)
-        native = _NATIVE.get(type(self.validator).__name__)
+        native = NATIVE_VALIDATORS.get(type(self.validator).__name__)
         reading = self._native_reading(index)
         if native is None or reading is None:
             return python
@@ -686,7 +686,7 @@ class ValueChecks:
             "keywords": {"pattern": _SearchPattern, "multipleOf": _python_multiple_of(type(self.validator))},
         }
         if objects:
-            native = _NATIVE[type(self.validator).__name__]
+            native = NATIVE_VALIDATORS[type(self.validator).__name__]
             options["keywords"] = {
                 **options["keywords"],
                 **_object_keywords(lambda sub: native(_rooted(sub), **options)),
@@ -747,15 +747,6 @@ def _memo_figures() -> dict[str, int]:
 
 caches.register("match.checks.memos", _memo_figures)
 
-
-_NATIVE = {
-    "Draft4Validator": jsonschema_rs.Draft4Validator,
-    "Draft6Validator": jsonschema_rs.Draft6Validator,
-    "Draft7Validator": jsonschema_rs.Draft7Validator,
-    "Draft201909Validator": jsonschema_rs.Draft201909Validator,
-    "Draft202012Validator": jsonschema_rs.Draft202012Validator,
-}
-"""jsonschema-rs's validator of each draft, by the name of ``jsonschema``'s."""
 
 _NOT_NATIVE = frozenset({"unevaluatedProperties", "$id", "id", "$dynamicRef", "$recursiveRef"})
 """Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._native_reading`)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from typing import Literal
 
 import jsonschema
@@ -13,6 +14,7 @@ from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 import constrain
 from constrain import GrammarError, RegexError, SchemaError
+from constrain.testing import token_ids, walk
 
 
 class Color(enum.Enum):
@@ -161,3 +163,52 @@ def test_unicode_property_patterns_are_schemas_the_value_checks_enforce(smol_tok
         assert (compiled.validate(text) == []) is valid, text
     with pytest.raises(constrain.SchemaError, match="/properties/w/pattern"):
         constrain.json_schema({"properties": {"w": {"pattern": "(\\p{L}"}}})
+
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_draft4_boolean_exclusive_bounds_are_read_as_draft4_reads_them(smol_tokenizer, engine):
+    """A draft 4 schema is checked against draft 4's metaschema, where ``exclusiveMinimum: true`` makes
+    ``minimum`` exclusive (2020-12's refused it: "not of type 'number'"), and the mask enforces that reading."""
+    schema = {
+        "$schema": DRAFT4,
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 3, "exclusiveMaximum": True},
+            "x": {"type": "number", "minimum": 1.5, "exclusiveMinimum": False},
+        },
+        "required": ["n", "x"],
+        "additionalProperties": False,
+    }
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    for n, x, valid in [(1, 1.5, True), (2, 9, True), (0, 2, False), (3, 2, False), (1, 1.25, False)]:
+        text = json.dumps({"n": n, "x": x})
+        ok, matcher = walk(compiled, token_ids(smol_tokenizer, text))
+        assert (ok and matcher.is_completed()) is valid, text
+    with pytest.raises(SchemaError, match="not of type 'number'"):
+        constrain.json_schema({**schema, "$schema": "https://json-schema.org/draft/2020-12/schema"})
+
+
+@pytest.mark.parametrize(
+    "schema,pointer",
+    [
+        ({"$schema": DRAFT4, "minimum": 0, "exclusiveMinimum": 3}, "/exclusiveMinimum"),  # a boolean in draft 4
+        ({"$schema": "http://json-schema.org/draft-07/schema#", "exclusiveMinimum": True}, "/exclusiveMinimum"),
+    ],
+)
+def test_each_draft_is_checked_against_its_own_metaschema(schema, pointer):
+    with pytest.raises(SchemaError) as caught:
+        constrain.json_schema(schema)
+    assert caught.value.pointer == pointer
+
+
+def test_rules_2020_12_dropped_are_not_held_against_an_older_draft():
+    """Draft 4's metaschema wants ``enum`` and ``required`` lists unique (2020-12's does not): a repeated
+    value changes no instance's validity, so the schema is taken, as it was checked against 2020-12's."""
+    enum = {"type": "string", "enum": ["AD", "AE", "AE"]}
+    for schema in (enum, {"type": "array", "items": enum}, {"type": "object", "required": ["a", "a"]}):
+        constrain.json_schema({"$schema": DRAFT4, **schema})
+    with pytest.raises(SchemaError, match="not of type 'array'"):
+        constrain.json_schema({"$schema": DRAFT4, "type": "array", "items": {"enum": "AD"}})

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
+from constrain.constraints.constraint import NATIVE_VALIDATORS
 from constrain.match import checks
 from constrain.match.validate import schema_validator
 
@@ -160,7 +161,7 @@ def test_where_the_packages_differ_the_checks_keep_jsonschema():
 def test_multiple_of_is_read_as_jsonschema_reads_it():
     """jsonschema-rs divides floats exactly (0.07 is a multiple of 0.01 there, not in jsonschema): the
     checks' native validators take ``multipleOf`` from jsonschema."""
-    assert checks._NATIVE["Draft202012Validator"]({"multipleOf": 0.01}).is_valid(0.07)  # the difference itself
+    assert NATIVE_VALIDATORS["Draft202012Validator"]({"multipleOf": 0.01}).is_valid(0.07)  # the difference itself
     (validator,) = _validators({"type": "number", "multipleOf": 0.01})
     assert not validator.native.is_valid(0.07) and validator.native.is_valid(0.5)
 
