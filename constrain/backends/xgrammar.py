@@ -35,6 +35,7 @@ __all__ = [
     "excluded_key_rules",
     "json_schema_ebnf",
     "keys_in_any_order",
+    "never_ending_rules",
     "open_extra_keys",
     "structural_tag_ebnf",
 ]
@@ -53,6 +54,67 @@ def check_regex(pattern: str) -> None:
 def check_ebnf(ebnf: str) -> None:
     """Raise ``RuntimeError`` (:func:`engine_message` reads it) if ``ebnf`` is not a valid grammar."""
     xgr.Grammar.from_ebnf(ebnf)
+
+
+_RULE_REF, _SEQUENCE, _CHOICES, _REPEAT = 4, 5, 6, 8
+"""The kinds of expression :func:`never_ending_rules` reads, as xgrammar's serialized grammars number them
+(``Grammar.serialize_json``, format v16 in xgrammar 0.2.8: each expression is ``[kind, length, *data]``).
+The others (byte strings, character classes and their stars, the empty string, tag dispatches) end."""
+
+
+def never_ending_rules(ebnf: str) -> list[str]:
+    """The rules of ``ebnf`` that ``root`` reaches and that match no finite text, in rule order: each of their
+    alternatives needs such a rule again (``x ::= "a" x``; a required key whose schema refers back to its
+    object). Decoding can never complete inside one, and xgrammar's jump-forward there never stops: it grows
+    its text until memory runs out. Callers refuse such a grammar (``[]``: none). Reads the grammar xgrammar
+    parsed (``RuntimeError`` where ``ebnf`` is invalid); lookaheads are not read (they never make a rule end)."""
+    grammar = json.loads(xgr.Grammar.from_ebnf(ebnf).serialize_json())
+    values: list[int] = grammar["grammar_expr_data"]
+    starts: list[int] = grammar["grammar_expr_indptr"]
+    exprs = [(values[at], values[at + 2 : at + 2 + values[at + 1]]) for at in starts]  # (kind, data)
+    bodies = [rule[1] for rule in grammar["rules"]]
+
+    def ends(expr: int) -> bool:
+        kind, data = exprs[expr]
+        if kind == _RULE_REF:
+            return ending[data[0]]
+        if kind == _SEQUENCE:
+            return all(map(ends, data))
+        if kind == _CHOICES:
+            return any(map(ends, data))
+        if kind == _REPEAT:  # (rule, min, max)
+            return data[1] == 0 or ending[data[0]]
+        return True
+
+    def refs(rule: int) -> set[int]:  # the rules ``rule``'s body refers to
+        found, pending = set(), [bodies[rule]]
+        while pending:
+            kind, data = exprs[pending.pop()]
+            if kind in (_RULE_REF, _REPEAT):
+                found.add(data[0])
+            elif kind in (_SEQUENCE, _CHOICES):
+                pending += data
+        return found
+
+    uses = [refs(rule) for rule in range(len(bodies))]
+    users: list[list[int]] = [[] for _ in bodies]  # per rule, the rules whose bodies refer to it
+    for rule, used in enumerate(uses):
+        for other in used:
+            users[other].append(rule)
+    ending: list[bool] = [False] * len(bodies)
+    todo = list(range(len(bodies)))  # a worklist: a rule is read again only once a rule it refers to ends
+    while todo:
+        rule = todo.pop()
+        if not ending[rule] and ends(bodies[rule]):
+            ending[rule] = True
+            todo += users[rule]
+    reached, todo = set(), [grammar["root_rule_id"]]
+    while todo:
+        rule = todo.pop()
+        if rule not in reached:
+            reached.add(rule)
+            todo += uses[rule]
+    return [grammar["rules"][r][0] for r in sorted(reached) if not ending[r]]
 
 
 def structural_tag_ebnf(tag_format: Any) -> str:

@@ -41,6 +41,7 @@ from constrain.constraints.schema import (
     subschemas,
 )
 from constrain.constraints.schema_rewrites import says_what_else
+from constrain.errors import CompileError, UnsatisfiableSchemaError
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.keys import may_repeat_keys
 from constrain.match.validate import schema_validator
@@ -101,7 +102,25 @@ def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, 
     if opened is not None:
         ebnf = opened
         coverage += (CoverageEntry("", "additionalProperties", "checked", _OPEN_KEYS_NOTE),)
+    if '"$ref"' in json.dumps(engine_schema):  # only a reference left in can make the grammar loop
+        _refuse_endless(ebnf)
     return ebnf, coverage, tracked
+
+
+def _refuse_endless(ebnf: str) -> None:
+    """Refuse a schema whose values (or some branch's) all hold another value of the same subschema: no
+    such value is finite, and the engines would decode into it without end (xgrammar's jump-forward runs
+    out of memory there; llguidance stops at its own limit, failing the request)."""
+    endless = xgrammar.never_ending_rules(ebnf)
+    why = "each value holds another of the same schema, through a required property or item"
+    if "root" in endless:
+        raise UnsatisfiableSchemaError(f"no value is finite: {why}")
+    if endless:
+        rules = ", ".join(map(repr, endless[:3]))
+        raise CompileError(
+            f"a subschema admits no finite value ({why}; the grammar's rules {rules}), and decoding could enter "
+            "it without end: make that reference optional, or remove the branch"
+        )
 
 
 def _required_by_keys(schema: Any) -> dict[frozenset[str], frozenset[str] | None]:

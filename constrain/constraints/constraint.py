@@ -340,7 +340,8 @@ def grammar(ebnf_or_name: str) -> Grammar:
     Raises
     ------
     GrammarError
-        A syntax error or an undefined rule, with line and column.
+        A syntax error or an undefined rule, with line and column; or a rule ``root`` reaches that matches
+        no finite text (``x ::= "a" x``), by name.
     """
     if not isinstance(ebnf_or_name, str):
         raise ValueError(f"grammar must be EBNF text or a grammar name, got {type(ebnf_or_name).__name__}")
@@ -360,6 +361,11 @@ def grammar(ebnf_or_name: str) -> Grammar:
         if found:
             raise GrammarError(found.group(3).strip(), int(found.group(1)), int(found.group(2))) from err
         raise GrammarError(message) from err
+    if endless := xgrammar.never_ending_rules(ebnf):
+        raise GrammarError(
+            f"rule {endless[0]!r} matches no finite text: each of its alternatives needs "
+            f"{'itself' if len(endless) == 1 else 'one of ' + ', '.join(map(repr, endless))} again"
+        )
     return Grammar(ebnf, name)
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import constrain
-from constrain.backends.xgrammar import KEYS_MAX, keys_in_any_order
+from constrain.backends.xgrammar import KEYS_MAX, keys_in_any_order, never_ending_rules
 from constrain.match.validate import parse_json
 from constrain.testing import accepts
 
@@ -94,3 +94,31 @@ def test_objects_it_cannot_tell_apart_are_left_as_they_are():
     assert keys_in_any_order(ebnf, {keys: None}) == (ebnf, False, frozenset())
     rewritten, complete, tracked = keys_in_any_order(ebnf, {keys: frozenset("a")})
     assert complete and tracked == {keys} and "root_keys_3" in rewritten and "root_item" not in rewritten
+
+
+@pytest.mark.parametrize(
+    "ebnf,endless",
+    [
+        ('root ::= "a" root', ["root"]),
+        ('root ::= "a" | "b" y\ny ::= "c" y', ["y"]),
+        ('root ::= x\nx ::= "b" x | "c" x', ["root", "x"]),
+        ('root ::= z{1,3}\nz ::= "q" z', ["root", "z"]),
+        ('root ::= z{0,3}\nz ::= "q" z', ["z"]),  # root ends without z, but may enter it
+        ('root ::= ("ab" root)*', []),
+        ('root ::= ([a-z] "b"){3,}', []),
+        ('root ::= "[" (root ("," root)*)? "]"', []),
+        ('root ::= "a" (=("b"))', []),
+        ('root ::= "a"\nunused ::= "b" unused', []),  # root never reaches it
+    ],
+)
+def test_never_ending_rules_reads_xgrammars_parsed_grammar(ebnf, endless):
+    """The rules that match no finite text, read from xgrammar's serialized grammar (whose format this
+    pins: a new xgrammar that numbers its expressions otherwise fails here)."""
+    assert never_ending_rules(ebnf) == endless
+
+
+def test_shipped_grammars_all_end():
+    from constrain import grammars
+
+    for name in grammars.available():
+        assert never_ending_rules(grammars.load(name)) == [], name

@@ -212,3 +212,11 @@ def test_rules_2020_12_dropped_are_not_held_against_an_older_draft():
         constrain.json_schema({"$schema": DRAFT4, **schema})
     with pytest.raises(SchemaError, match="not of type 'array'"):
         constrain.json_schema({"$schema": DRAFT4, "type": "array", "items": {"enum": "AD"}})
+
+
+@pytest.mark.parametrize("ebnf,rule", [('root ::= "a" root', "root"), ('root ::= "a" | "b" y\ny ::= "c" y', "y")])
+def test_a_grammar_that_can_never_end_is_refused_by_rule(ebnf, rule):
+    """Such a rule matches no finite text: xgrammar's jump-forward inside it grew until memory ran out
+    (``std::bad_alloc`` under a 4 GB limit), and decoding could never complete."""
+    with pytest.raises(GrammarError, match=f"rule '{rule}' matches no finite text"):
+        constrain.grammar(ebnf)
