@@ -137,6 +137,10 @@ class Request:
     length_penalty: float = 1.0
     sampling: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, (str, list, tuple)):
+            raise ValueError(f"a prompt is a string or a list of chat messages, got {type(self.prompt).__name__}")
+
 
 REQUEST_OPTIONS = tuple(f.name for f in fields(Request) if f.name not in ("prompt", "sampling"))
 """The keyword arguments of :func:`generate` that set a :class:`Request` field (the others but the
@@ -257,7 +261,7 @@ def admit(
                 params=row_params,
                 compiled=compiled,
                 max_tokens=spec.max_tokens,
-                stop=StopText(spec.stop or (), spec.stop_regex or ()),
+                stop=StopText(() if spec.stop is None else spec.stop, spec.stop_regex or ()),
                 detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
                 eos=frozenset(handle.eos_token_ids),
                 context_limit=limit,
@@ -347,8 +351,12 @@ def _requests(
     for every prompt given as a string or messages; a :class:`Request` keeps its own). An option of no
     kind is a ``ValueError`` that names it (and the option it was likely meant to be)."""
     check_options(call, options, (*names, *SAMPLING_OPTIONS, *DECODING_OPTIONS))
-    single = isinstance(prompt, (str, Request)) or (bool(prompt) and isinstance(prompt[0], dict))
-    items = [prompt] if single else list(prompt)
+    if not isinstance(prompt, (str, Request, list, tuple)):
+        raise ValueError(
+            f"prompt is a string, chat messages, a Request, or a list of those (a batch); got {type(prompt).__name__}"
+        )
+    single = not isinstance(prompt, (list, tuple)) or (bool(prompt) and isinstance(prompt[0], dict))
+    items = list(prompt) if isinstance(prompt, (list, tuple)) and not single else [prompt]
     if not items:
         raise ValueError("no prompt given")
     template = {k: v for k, v in options.items() if k in names}

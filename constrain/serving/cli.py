@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if grammar is not None and Path(grammar).is_file():
         grammar = Path(grammar).read_text()
     try:
-        schema = json.loads(args.schema.read_text()) if args.schema else None
+        schema = _schema_file(args.schema) if args.schema else None
         handle = _load(args.model)
         prompt: Any = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
         result = None
@@ -162,3 +162,13 @@ def _export(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _schema_file(path: Path) -> Any:
+    """The JSON Schema in the file at ``path``; a ``SchemaError`` naming the file where it is not JSON text."""
+    from constrain.errors import SchemaError
+
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{path} is not JSON text: {err.msg} (line {err.lineno}, column {err.colno})") from err

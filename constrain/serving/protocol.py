@@ -299,6 +299,8 @@ class _Common(_Body):
             )
         if self.structured_outputs is not None:
             self.structured_outputs.check()
+        if "" in ([self.stop] if isinstance(self.stop, str) else self.stop or []):
+            raise FieldError("stop", "a stop string is one character or more: omit the empty one")
         _one_constraint(self.constraint_fields())
 
     def constraint_fields(self) -> list[str]:

@@ -173,6 +173,13 @@ def test_bad_arguments_fail_before_generating(tiny):
         list(stream(tiny, ["a", "b"]))
     with pytest.raises(ValueError, match="messages"):
         generate(tiny, [{"content": "no role"}])
+    with pytest.raises(ValueError, match=r"prompt is a string, chat messages, a Request.*got int"):
+        generate(tiny, 5)  # was a raw TypeError
+    with pytest.raises(ValueError, match="a prompt is a string or a list of chat messages, got int"):
+        generate(tiny, ["x", 5])
+    for stop in ("", ["x", ""]):  # an empty string on its own was dropped, as if no stop had been given
+        with pytest.raises(ValueError, match="stop strings must be non-empty"):
+            generate(tiny, "x", stop=stop)
 
 
 @pytest.mark.real_model

@@ -33,12 +33,16 @@ def test_generate_with_schema_prints_text_then_value(model_dir, tmp_path, capsys
     assert json.loads(text) == json.loads(value) and set(json.loads(value)) == {"ok"}
 
 
-def test_generate_with_choices_and_errors(model_dir, capsys):
+def test_generate_with_choices_and_errors(model_dir, tmp_path, capsys):
     assert main(["generate", "x", "--model", model_dir, "--choices", "red", "green", "--raw", "--seed", "3"]) == 0
     assert capsys.readouterr().out.strip() in ("red", "green")
     assert main(["generate", "x", "--model", model_dir, "--regex", "a("]) == 2
     assert "invalid regex" in capsys.readouterr().err
     assert main(["generate", "x", "--model", "/nowhere.gguf"]) == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"type": "object", "properties": \n')
+    assert main(["generate", "x", "--model", model_dir, "--schema", str(broken)]) == 2
+    assert f"{broken} is not JSON text: Expecting value (line 2, column 1)" in capsys.readouterr().err
 
 
 def test_generate_with_reasoning_and_beams(model_dir, capsys):

@@ -59,6 +59,8 @@ path__beside__value__effect__common = [
     ("logit_bias", {}, {"five": 1.0}, "refused"),
     ("seed", {}, 3, "generation"),
     ("stop", {}, ["x"], "generation"),
+    ("stop", {}, "", "refused"),  # it was dropped, as if no stop had been given
+    ("stop", {}, ["x", ""], "refused"),
     ("n", {}, 2, "generation"),
     ("stream", {}, True, "served"),
     ("stream_options", {"stream": True}, {"include_usage": True}, "served"),
