@@ -159,6 +159,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for batch in map(int, args.batches.split(",")):
         measure(handle, "checked schemas", min(batch, len(CHECKED)), args.tokens)  # compiles, warms the caches
+        measure(handle, "unconstrained", batch, args.tokens)  # the forward at this batch size (a GPU's kernels)
         results: dict[str, list[tuple[float, int, dict[str, float]]]] = {run: [] for run in RUNS}
         for _ in range(args.repeats):  # round robin: the machine's drifts touch every run alike
             for run in RUNS:
