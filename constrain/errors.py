@@ -95,8 +95,9 @@ class ToolError(ConstraintError, ValueError):
     a name, or ``tool_choice`` names no given tool. ``tool`` names the culprit ("" when it has no name);
     a schema error is chained as ``__cause__`` (a :class:`SchemaError` keeps its ``pointer``)."""
 
-    def __init__(self, tool: str, message: str) -> None:
+    def __init__(self, tool: str, message: str, field: str = "tools") -> None:
         self.tool = tool
+        self.field = field  # the request's field at fault, on the server: ``tools`` or ``tool_choice``
         super().__init__(f"tool {tool!r}: {message}" if tool else f"tool definition: {message}")
 
 

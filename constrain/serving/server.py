@@ -36,7 +36,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from constrain.decode.request import InFlight
-from constrain.errors import ConstraintError, ReasoningError, SchemaError, ToolError
+from constrain.errors import BudgetError, ConstraintError, ReasoningError
 from constrain.generation import Request, admit, admit_beam_search
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
@@ -75,16 +75,35 @@ class _Disconnected(Exception):
 
 
 class _BadRequest(Exception):
-    """A user error found while admitting a request (its ``__cause__``): a 400. A ``ValueError`` raised
-    anywhere else is a failure of ours, a 500."""
+    """A user error found while admitting a request (its ``__cause__``): a 400 whose ``param`` names the
+    field at fault. A ``ValueError`` raised anywhere else is a failure of ours, a 500."""
+
+    def __init__(self, param: str | None) -> None:
+        super().__init__(param)
+        self.param = param
 
 
-async def _admit(build: Callable[[], T]) -> T:
-    """``build()`` on a worker thread (it may compile), its user errors raised as :class:`_BadRequest`."""
+async def _admit(build: Callable[[], T], body: ChatCompletionRequest | CompletionRequest) -> T:
+    """``build()`` on a worker thread (it may compile), its user errors raised as :class:`_BadRequest`
+    naming the field of ``body`` at fault."""
     try:
         return await asyncio.to_thread(build)
     except (ConstraintError, SamplerError, ValueError) as err:
-        raise _BadRequest from err
+        raise _BadRequest(_param(err, body)) from err
+
+
+def _param(err: Exception, body: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """The field of ``body`` an admission error is about: the one it names, else ``max_tokens`` where no
+    output fits, else the constraint's field (the first given) for an error in the constraint."""
+    if field := getattr(err, "field", None):
+        return str(field)
+    if isinstance(err, BudgetError):
+        return "max_tokens"
+    if isinstance(err, ReasoningError):
+        return "reasoning"
+    if isinstance(err, ConstraintError) and (fields := body.constraint_fields()):
+        return "response_format.json_schema.schema" if fields[0] == "response_format" else fields[0]
+    return None
 
 
 def _drop_traceback(err: BaseException) -> None:
@@ -225,18 +244,16 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: HttpRequest, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
+        if first["type"] == "json_invalid":  # loc: ("body", the character's offset)
+            why = first.get("ctx", {}).get("error", first["msg"])
+            return _error(400, f"the request body is not JSON: {why} (character {first['loc'][-1]})")
         param = ".".join(str(p) for p in first["loc"] if p != "body") or None
         return _error(400, f"{param or 'body'}: {first['msg']}", param)
 
     @app.exception_handler(_BadRequest)
     async def bad_request(_: HttpRequest, wrapper: Exception) -> JSONResponse:
-        err = wrapper.__cause__
-        param = getattr(err, "field", None) or ("tools" if isinstance(err, ToolError) else None)
-        if isinstance(err, ReasoningError):
-            param = "reasoning"
-        if isinstance(err, SchemaError):
-            param = "response_format.json_schema.schema"
-        return _error(400, str(err), param)
+        assert isinstance(wrapper, _BadRequest)
+        return _error(400, str(wrapper.__cause__), wrapper.param)
 
     @app.exception_handler(_UnknownModel)
     async def unknown_model(_: HttpRequest, err: _UnknownModel) -> JSONResponse:
@@ -249,10 +266,12 @@ def create_app(
 
     beam_lock = asyncio.Lock()  # one beam search at a time, beside the engine's batch
 
-    async def beam_search(specs: list[Request]) -> tuple[list[GenerationResult], int]:
+    async def beam_search(
+        specs: list[Request], body: ChatCompletionRequest | CompletionRequest
+    ) -> tuple[list[GenerationResult], int]:
         """(the results, the prompts' tokens) of ``specs``' beam searches (:mod:`constrain.decode.beams`), every
         one checked first, then run one by one on a worker thread, outside the engine's batch."""
-        searches = await _admit(lambda: [admit_beam_search(handle, s) for s in specs])
+        searches = await _admit(lambda: [admit_beam_search(handle, s) for s in specs], body)
         async with beam_lock:
             results = await asyncio.to_thread(lambda: [r for search in searches for r in search.run()])
         return results, sum(len(search.prompt_ids) for search in searches)
@@ -281,14 +300,16 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
         rid = start(body, "chatcmpl")
-        spec, tools = await _admit(lambda: chat_requests(body, handle))
+        spec, tools = await _admit(lambda: chat_requests(body, handle), body)
         if body.use_beam_search:  # (a tool that may be called is refused: constrain.decode.beams)
-            beams, prompt_tokens = await beam_search([spec])
+            beams, prompt_tokens = await beam_search([spec], body)
             choices = [_chat_choice(i, r, None, handle, False) for i, r in enumerate(beams)]
             usage = usage_json(prompt_tokens, beams)
             return envelope("chat.completion", rid, model_name, choices, usage=usage)
         submission = _Submission(engine, stream=body.stream)
-        (requests,) = await _admit(lambda: submission.admit(handle, [spec]))  # compiles: a bad constraint fails here
+        (requests,) = await _admit(
+            lambda: submission.admit(handle, [spec]), body
+        )  # compiles: a bad constraint fails here
         if faults is not None:
             faults(body, requests)
         submission.submit(requests, rid)
@@ -305,15 +326,15 @@ def create_app(
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
         rid = start(body, "cmpl")
-        specs = await _admit(lambda: completion_requests(body))
+        specs = await _admit(lambda: completion_requests(body), body)
         if body.use_beam_search:
-            beams, prompt_tokens = await beam_search(specs)
+            beams, prompt_tokens = await beam_search(specs, body)
             choices = [_with_violations({"index": i, "text": r.text, **finish_fields(r, None), "logprobs": None},
                                         r.violations) for i, r in enumerate(beams)]  # fmt: skip
             return envelope("text_completion", rid, model_name, choices,
                             usage=usage_json(prompt_tokens, beams))  # fmt: skip
         submission = _Submission(engine, stream=body.stream)
-        groups = await _admit(lambda: submission.admit(handle, specs))
+        groups = await _admit(lambda: submission.admit(handle, specs), body)
         if faults is not None:
             faults(body, [r for group in groups for r in group])
         submission.submit([r for group in groups for r in group], rid)

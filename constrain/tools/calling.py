@@ -153,5 +153,9 @@ def tool_calling(
         raise ValueError('tool_choice="required" needs at least one tool')
     named = isinstance(tool_choice, dict) or choice not in MODES
     if named and choice not in names:
-        raise ToolError(choice, f"tool_choice names a tool that is not among the tools ({', '.join(names) or 'none'})")
+        raise ToolError(
+            choice,
+            f"tool_choice names a tool that is not among the tools ({', '.join(names) or 'none'})",
+            "tool_choice",
+        )
     return ToolCalling(normalised, choice, parallel_tool_calls, tool_format(format))

@@ -243,9 +243,39 @@ def test_a_field_that_would_do_nothing_is_refused_by_name(server, path, fields, 
     assert error["error"]["message"].startswith(param + ": ") and error["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "fields", "param", "needle"),
+    [
+        ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice", "tool_choice names a tool"),  # was "tools"
+        ("/v1/chat/completions", {"max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "schema": PERSON}}}, "max_tokens", "no valid output fits"),  # was null
+        ("/v1/chat/completions", {"grammar": 'root ::= "a" root'}, "grammar", "matches no finite text"),
+        ("/v1/chat/completions", {"structured_outputs": {"json": BAD_SCHEMA}}, "structured_outputs.json",
+         "invalid JSON Schema"),
+        ("/v1/completions", {"regex": "a("}, "regex", "invalid regex"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "schema": BAD_SCHEMA}}}, "response_format.json_schema.schema", "invalid JSON Schema"),
+    ],
+)  # fmt: skip
+def test_an_admission_error_names_the_field_at_fault(server, path, fields, param, needle):
+    """A constraint, tool or budget refused when the request is admitted: the 400's ``param`` is the field
+    that carried it."""
+    base = {"messages": [{"role": "user", "content": "Hi"}]} if path == "/v1/chat/completions" else {"prompt": "Hi"}
+    status, error = server.raw("POST", path, json.dumps({"model": server.model, **base, **fields}).encode())
+    assert status == 400 and error["error"]["param"] == param and needle in error["error"]["message"], error
+
+
 def test_malformed_body_and_unknown_path(server):
     status, body = server.raw("POST", "/v1/chat/completions", b"{not json")
     assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    truncated = json.dumps({"model": server.model, "messages": [{"role": "user", "content": "Hi"}]})[:-1].encode()
+    status, body = server.raw("POST", "/v1/chat/completions", truncated)  # its param was the offset
+    assert status == 400 and body["error"]["param"] is None, body
+    assert (
+        body["error"]["message"].startswith("the request body is not JSON: ")
+        and "(character" in body["error"]["message"]
+    )
     status, body = server.raw("GET", "/v1/nothing")
     assert status == 404 and "error" in body
 
