@@ -47,7 +47,11 @@ class TokenizerInfo:
 
 
 def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Future[Any]:
-    """llguidance's tokenizer, built on a thread of its own (about a second) that ends with the build."""
+    """llguidance's tokenizer, built on a thread of its own (about a second) that ends with the build.
+
+    Not a daemon thread: Python's exit waits for it. A daemon thread still inside llguidance when the
+    interpreter finalizes is ended by unwinding through llguidance's frames, a segfault (the CLI after a
+    schema refused at once crashed so in 3 runs of 8)."""
     import llguidance.hf
 
     future: Future[Any] = Future()
@@ -58,7 +62,7 @@ def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) ->
         except Exception as err:
             future.set_exception(err)
 
-    threading.Thread(target=build, name="constrain-llg-tokenizer", daemon=True).start()
+    threading.Thread(target=build, name="constrain-llg-tokenizer").start()
     return future
 
 

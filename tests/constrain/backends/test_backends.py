@@ -153,3 +153,17 @@ def test_forced_text_inside_a_character_is_whole_characters(smol_tokenizer, engi
         assert state.accept_token(token)
     assert state.is_completed()
     assert forced == ['"', "", "", 'ом"', '"'], forced
+
+
+def test_llguidance_tokenizer_build_is_waited_for_at_exit(smol_tokenizer):
+    """Its thread is no daemon, so Python's exit waits for the build: a daemon thread still inside llguidance
+    when the interpreter finalized was ended by unwinding through llguidance's frames, a segfault (the CLI
+    with a schema refused at once exited with status 139 in 3 of 8 runs)."""
+    import threading
+
+    from constrain.backends.tokenizer import _llg_tokenizer
+
+    future = _llg_tokenizer(smol_tokenizer, len(smol_tokenizer), [smol_tokenizer.eos_token_id])
+    building = [t for t in threading.enumerate() if t.name == "constrain-llg-tokenizer"]
+    assert building and not any(t.daemon for t in building)
+    assert future.result(timeout=60) is not None
