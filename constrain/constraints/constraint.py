@@ -276,7 +276,7 @@ def _rule_2020_12_dropped(err: jsonschema.ValidationError) -> bool:
     """Whether a metaschema error is one of draft 4's (and 6's, 7's) rules that an ``enum`` or ``required``
     list be non-empty and without duplicates, which 2020-12 dropped, or an ``anyOf`` failing only by them
     in one of its branches (``items``: a schema or a list of them). Those rules change no instance's
-    validity, and real schemas break them (four of MaskBench's draft 4 schemas repeat an ``enum`` value),
+    validity, and real schemas break them (three of MaskBench's draft 4 schemas repeat an ``enum`` value),
     so they are not held against a schema."""
     if err.validator in ("uniqueItems", "minItems"):
         return bool(err.path) and err.path[-1] in ("enum", "required")

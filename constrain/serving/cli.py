@@ -160,10 +160,6 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _schema_file(path: Path) -> Any:
     """The JSON Schema in the file at ``path``; a ``SchemaError`` naming the file where it is not JSON text."""
     from constrain.errors import SchemaError
@@ -172,3 +168,7 @@ def _schema_file(path: Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise SchemaError(f"{path} is not JSON text: {err.msg} (line {err.lineno}, column {err.colno})") from err
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -307,9 +307,8 @@ def create_app(
             usage = usage_json(prompt_tokens, beams)
             return envelope("chat.completion", rid, model_name, choices, usage=usage)
         submission = _Submission(engine, stream=body.stream)
-        (requests,) = await _admit(
-            lambda: submission.admit(handle, [spec]), body
-        )  # compiles: a bad constraint fails here
+        # compiles: a bad constraint fails here
+        (requests,) = await _admit(lambda: submission.admit(handle, [spec]), body)
         if faults is not None:
             faults(body, requests)
         submission.submit(requests, rid)
