@@ -56,10 +56,24 @@ def check_ebnf(ebnf: str) -> None:
     xgr.Grammar.from_ebnf(ebnf)
 
 
-_RULE_REF, _SEQUENCE, _CHOICES, _REPEAT = 4, 5, 6, 8
+_CLASS, _RULE_REF, _SEQUENCE, _CHOICES, _REPEAT = 1, 4, 5, 6, 8
 """The kinds of expression :func:`never_ending_rules` reads, as xgrammar's serialized grammars number them
 (``Grammar.serialize_json``, format v16 in xgrammar 0.2.8: each expression is ``[kind, length, *data]``).
-The others (byte strings, character classes and their stars, the empty string, tag dispatches) end."""
+The others (byte strings, character classes' stars, the empty string, tag dispatches) end."""
+
+
+def _no_character(data: list[int]) -> bool:
+    """Whether a character class (``[negated, lo, hi, lo, hi, ...]``, code points) matches no character:
+    none listed, or negated and its ranges cover them all (``[^\\x00-\\U0010FFFF]``)."""
+    ranges = sorted(zip(data[1::2], data[2::2], strict=True))
+    if not data[0]:
+        return not ranges
+    reach = 0  # the first code point the ranges so far leave out
+    for lo, hi in ranges:
+        if lo > reach:
+            return False
+        reach = max(reach, hi + 1)
+    return reach > 0x10FFFF
 
 
 def never_ending_rules(ebnf: str) -> list[str]:
@@ -84,7 +98,7 @@ def never_ending_rules(ebnf: str) -> list[str]:
             return any(map(ends, data))
         if kind == _REPEAT:  # (rule, min, max)
             return data[1] == 0 or ending[data[0]]
-        return True
+        return kind != _CLASS or not _no_character(data)
 
     def refs(rule: int) -> set[int]:  # the rules ``rule``'s body refers to
         found, pending = set(), [bodies[rule]]

@@ -586,8 +586,8 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
         Strict mode, and a keyword that can be neither enforced nor checked.
     """
     schema = resolve_from_resources(schema)
-    if draft_of(schema) == 4:
-        schema = _bounds_as_numbers(schema)
+    if (draft := draft_of(schema)) < 2020:
+        schema = _as_2020_12(schema, draft)
     preparer = _Preparer(schema, lenient, closed)
     prepared = preparer.schema(schema, "")
     if prepared is False:
@@ -598,22 +598,36 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
     return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
 
 
-def _bounds_as_numbers(node: Any) -> Any:
-    """A copy of a draft 4 schema with its boolean ``exclusiveMinimum`` and ``exclusiveMaximum`` (which
-    make ``minimum`` and ``maximum`` exclusive) written as 2020-12's numbers, which the walk and the engines
-    read: ``{"minimum": 0, "exclusiveMinimum": true}`` becomes ``{"exclusiveMinimum": 0}``; ``false``, or one
-    without its bound, is dropped. Nodes without them are copied as they are; ``node`` is not mutated."""
+def _as_2020_12(node: Any, draft: int) -> Any:
+    """A copy of a schema of an earlier ``draft`` with the keywords 2020-12 writes otherwise rewritten as it
+    writes them, which the walk and the engines read (the value checks read the schema as written):
+
+    - an ``items`` list (a tuple, before 2020-12) becomes ``prefixItems``, and ``additionalItems`` beside it
+      ``items``; ``additionalItems`` without an ``items`` list, which the draft ignores, is dropped;
+    - draft 4's boolean ``exclusiveMinimum`` and ``exclusiveMaximum`` (which make ``minimum`` and ``maximum``
+      exclusive) become numbers: ``{"minimum": 0, "exclusiveMinimum": true}`` is ``{"exclusiveMinimum": 0}``;
+      ``false``, or one without its bound, is dropped.
+
+    ``node`` is not mutated."""
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _MAP_KEYS and isinstance(value, dict):
-            out[key] = {name: _bounds_as_numbers(sub) for name, sub in value.items()}
+            out[key] = {name: _as_2020_12(sub, draft) for name, sub in value.items()}
         elif key in SUBSCHEMA_KEYS:
-            out[key] = [*map(_bounds_as_numbers, value)] if isinstance(value, list) else _bounds_as_numbers(value)
+            out[key] = (
+                [_as_2020_12(sub, draft) for sub in value] if isinstance(value, list) else _as_2020_12(value, draft)
+            )
         else:
             out[key] = value
-    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(out.get(exclusive), bool) and out.pop(exclusive) and bound in out:
-            out[exclusive] = out.pop(bound)
+    rest = out.pop("additionalItems", None)
+    if isinstance(out.get("items"), list):
+        out["prefixItems"] = out.pop("items")
+        if rest is not None:
+            out["items"] = rest
+    if draft == 4:
+        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if isinstance(out.get(exclusive), bool) and out.pop(exclusive) and bound in out:
+                out[exclusive] = out.pop(bound)
     return out

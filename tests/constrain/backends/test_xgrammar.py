@@ -109,6 +109,9 @@ def test_objects_it_cannot_tell_apart_are_left_as_they_are():
         ('root ::= "[" (root ("," root)*)? "]"', []),
         ('root ::= "a" (=("b"))', []),
         ('root ::= "a"\nunused ::= "b" unused', []),  # root never reaches it
+        ('root ::= "a" x\nx ::= [^\\x00-\\U0010FFFF] | "b" x', ["root", "x"]),  # x's way out matches nothing
+        ('root ::= "a" x\nx ::= [^\\x00-\\x60b-\\U0010FFFF] | "b" x', []),  # ("a" is left)
+        ('root ::= [^a] | "b" root', []),
     ],
 )
 def test_never_ending_rules_reads_xgrammars_parsed_grammar(ebnf, endless):

@@ -220,3 +220,20 @@ def test_a_grammar_that_can_never_end_is_refused_by_rule(ebnf, rule):
     (``std::bad_alloc`` under a 4 GB limit), and decoding could never complete."""
     with pytest.raises(GrammarError, match=f"rule '{rule}' matches no finite text"):
         constrain.grammar(ebnf)
+
+
+@pytest.mark.parametrize("draft", [DRAFT4, "http://json-schema.org/draft-07/schema#"])
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_tuple_items_of_older_drafts_are_enforced(smol_tokenizer, engine, draft):
+    """Before 2020-12 a tuple is an ``items`` list, with ``additionalItems`` for the rest: it was accepted
+    by ``json_schema`` and then refused at compile ("a schema is an object or a boolean, got list")."""
+    schema = {"$schema": draft, "type": "array", "items": [{"type": "integer"}, {"type": "string"}]}
+    for rest, texts in [
+        (False, {'[1, "a"]': True, "[1]": True, '[1, "a", 3]': False, '["a", 1]': False}),
+        ({"type": "boolean"}, {'[1, "a", true]': True, '[1, "a", 3]': False}),
+    ]:
+        spec = constrain.json_schema({**schema, "additionalItems": rest}, mode="specification")
+        compiled = constrain.compile(spec, smol_tokenizer, engine=engine)
+        for text, valid in texts.items():
+            ok, matcher = walk(compiled, token_ids(smol_tokenizer, text))
+            assert (ok and matcher.is_completed()) is valid, (rest, text)
