@@ -711,7 +711,8 @@ class ValueChecks:
         """Whether jsonschema-rs reads ``node``'s own keywords otherwise (see :meth:`_native_reading`)."""
         ref = node.get("$ref")
         own = _NOT_NATIVE & set(node) - (_ROOT_IDS if node is self.root else set())
-        return bool(own) or (isinstance(ref, str) and not ref.startswith("#"))
+        dropped = "dependencies" in node and type(self.validator).__name__ in _DEPENDENCIES_DROPPED
+        return bool(own) or dropped or (isinstance(ref, str) and not ref.startswith("#"))
 
     @functools.cached_property
     def _native_readings(self) -> tuple[set[int], set[int]]:
@@ -750,6 +751,10 @@ caches.register("match.checks.memos", _memo_figures)
 
 _NOT_NATIVE = frozenset({"unevaluatedProperties", "$id", "id", "$dynamicRef", "$recursiveRef"})
 """Keywords jsonschema-rs reads otherwise (see :meth:`ValueChecks._native_reading`)."""
+
+_DEPENDENCIES_DROPPED = frozenset({"Draft201909Validator", "Draft202012Validator"})
+"""The drafts without ``dependencies`` (split into ``dependentRequired`` and ``dependentSchemas``), which
+jsonschema-rs still applies there: a node holding it is read by ``jsonschema``, which ignores it."""
 
 _ROOT_IDS = frozenset({"$id", "id"})
 """The root's own base URI changes nothing: its ``#...`` references still point into the document."""

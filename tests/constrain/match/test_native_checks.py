@@ -173,3 +173,21 @@ def test_references_under_patterns_are_read_natively():
     root = _built(SCHEMAS["references under patterns"])[0]
     assert isinstance(root, checks._Native)
     assert not root.is_valid({"lx": {"c": 6}}) and root.is_valid({"lx": {"c": 5}})
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_dependencies_is_read_only_by_the_drafts_that_have_it(smol_tokenizer, engine):
+    """2019-09 split ``dependencies`` into ``dependentRequired`` and ``dependentSchemas``; jsonschema-rs still
+    applies it under 2020-12, where the mask then refused ``{"a": 1}`` that the schema (and the coverage:
+    "ignored") allows. Draft 7 has it, and the mask refuses that text there."""
+    import constrain
+    from constrain.testing import token_ids, walk
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a"], "dependencies": {"a": ["b"]}}  # fmt: skip
+    for draft, allowed in [({}, True), ({"$schema": "http://json-schema.org/draft-07/schema#"}, False)]:
+        spec = constrain.json_schema({**draft, **schema}, mode="specification")
+        compiled = constrain.compile(spec, smol_tokenizer, engine=engine)
+        ok, matcher = walk(compiled, token_ids(smol_tokenizer, '{"a": 1}'))
+        assert (ok and matcher.is_completed()) is allowed, draft
+        assert (compiled.validate('{"a": 1}') == []) is allowed, draft
