@@ -141,7 +141,7 @@ def _build_xgrammar(constraint: Constraint, info: TokenizerInfo) -> CompiledCons
     try:
         if isinstance(constraint, JsonSchema):
             ebnf, coverage, tracked = json_schema_ebnf(constraint)
-            grammar = backend.compile_ebnf(ebnf)
+            grammar = backend.compile_ebnf(xgrammar.inline_optional_whitespace(ebnf))
             engine_schema = prepared(constraint)[0]
             checks, coverage = value_checks(constraint, coverage, tracked)
             repeats = unique_keys(constraint, engine_schema, tracked)

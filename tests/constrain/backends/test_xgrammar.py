@@ -10,7 +10,8 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import constrain
-from constrain.backends.xgrammar import KEYS_MAX, keys_in_any_order, never_ending_rules
+from constrain.backends.xgrammar import KEYS_MAX, inline_optional_whitespace, keys_in_any_order, never_ending_rules
+from constrain.compiler.json_schema import json_schema_ebnf
 from constrain.match.validate import parse_json
 from constrain.testing import accepts
 
@@ -125,3 +126,22 @@ def test_shipped_grammars_all_end():
 
     for name in grammars.available():
         assert never_ending_rules(grammars.load(name)) == [], name
+
+
+def test_optional_whitespace_rules_are_written_in_place_for_the_same_language():
+    """Each one-whitespace-character rule becomes ``[ \\n\\r\\t]?`` where it is used, and nowhere else (a
+    key named like such a rule keeps its literal); the grammar takes exactly the texts it took."""
+    import xgrammar as xgr
+
+    schema = {"type": "object", "properties": {"root_1": {"type": "string"}, "n": {"type": "array", "items": {}}},
+              "required": ["root_1"]}  # fmt: skip
+    ebnf = json_schema_ebnf(constrain.json_schema(schema, mode="specification"))[0]
+    inlined = inline_optional_whitespace(ebnf)
+    assert len(inlined.splitlines()) < len(ebnf.splitlines()) - 10
+    assert '"\\"root_1\\""' in inlined and "root_1 ::=" in ebnf and "root_1 ::=" not in inlined
+    texts = ['{"root_1": "x"}', '{ "root_1":"x" }', '{"root_1"  : "x"}', '{"n": [1, {"a" :[ ]}], "root_1": ""}',
+             '{"n":[ 1,2 ], "root_1":"a\\"b" , "z": null}', '{\n"root_1":\t"x"\r}', '{"n": []}', '{"root_1": "x",}']  # fmt: skip
+    verdicts = [xgr.testing._is_grammar_accept_string(ebnf, text) for text in texts]
+    assert verdicts == [xgr.testing._is_grammar_accept_string(inlined, text) for text in texts]
+    assert verdicts == [True, True, False, True, True, True, False, False]
+    assert inline_optional_whitespace('root ::= "a"\n') == 'root ::= "a"\n'
