@@ -167,3 +167,20 @@ def test_llguidance_tokenizer_build_is_waited_for_at_exit(smol_tokenizer):
     building = [t for t in threading.enumerate() if t.name == "constrain-llg-tokenizer"]
     assert building and not any(t.daemon for t in building)
     assert future.result(timeout=60) is not None
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_bounded_number_takes_the_decimals_within_its_bounds(smol_tokenizer, engine):
+    """Every decimal of up to two fraction digits between -4 and 4 is taken exactly when it lies within the
+    bounds, but for llguidance 1.9's gap (the schemas guide): a decimal whose fraction is a strict
+    prefix of the bound's (``3.2`` under ``maximum: 3.25``) is refused, written ``3.20`` it is taken."""
+    import constrain
+    from constrain.testing import accepts
+
+    schema = {"type": "number", "minimum": -2.25, "maximum": 3.25}
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer, engine=engine)
+    gap = {"-2.2", "3.2"} if engine == "llguidance" else set()
+    for hundredths in range(-400, 401, 5):
+        text = f"{hundredths / 100:g}"
+        assert accepts(compiled, smol_tokenizer, text) == (-225 <= hundredths <= 325 and text not in gap), text
+    assert accepts(compiled, smol_tokenizer, "3.20")
