@@ -37,7 +37,7 @@ from constrain.constraints.schema import (
     SINGLE_SCHEMAS,
     SUBSCHEMA_KEYS,
     CoverageEntry,
-    prepare,
+    prepared_schema,
     subschemas,
 )
 from constrain.constraints.schema_rewrites import says_what_else
@@ -75,10 +75,10 @@ _SCHEMA_WIDE = {"properties": _OPEN_KEYS_NOTE, "required": _ANY_ORDER_REQUIRED_N
 """Schema-wide looseness: the keyword checked wherever it appears, when coverage has the note."""
 
 
-@bounded("compile.prepared_schema", maxsize=256)
 def prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
-    """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate)."""
-    return prepare(constraint.schema_value, lenient=constraint.lenient, closed=constraint.closed)
+    """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate):
+    memoized (:func:`~constrain.constraints.schema.prepared_schema`)."""
+    return prepared_schema(constraint.schema, constraint.lenient, constraint.closed)
 
 
 @bounded("compile.json_schema_ebnf", maxsize=64)

@@ -19,6 +19,7 @@ import regex as regex_module
 from constrain import grammars
 from constrain.backends import xgrammar
 from constrain.caches import bounded
+from constrain.constraints.schema import prepared_schema
 from constrain.errors import GrammarError, RegexError, SchemaError
 
 __all__ = [
@@ -179,7 +180,10 @@ def json_schema(
     ------
     SchemaError
         Malformed JSON text, or a schema that breaks its draft's metaschema (the one its ``$schema``
-        names; 2020-12's where it names none), the message naming the JSON pointer.
+        names; 2020-12's where it names none), or a dangling ``$ref``, the message naming the JSON
+        pointer. Among them: :class:`~constrain.errors.UnsupportedSchemaError` (strict, and a keyword
+        that can be neither enforced nor checked, as a remote ``$ref``) and
+        :class:`~constrain.errors.UnsatisfiableSchemaError` (proven to admit no value).
     ValueError
         An unknown mode, whitespace policy or property order.
     """
@@ -211,6 +215,7 @@ def json_schema(
         raise ValueError(f'property_order must be "schema" or "any", got {property_order!r}')
     if closed is None:
         closed = default_closed and getattr(python_type, "model_config", {}).get("extra") != "allow"
+    prepared_schema(text, lenient, closed)  # refused here, not at compile (which reads it again, memoized)
     return JsonSchema(text, lenient, whitespace, property_order, closed, python_type)
 
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from constrain.backends.xgrammar import check_regex
+from constrain.caches import bounded
 from constrain.constraints.formats import format_status
 from constrain.constraints.schema_refs import References, pointer_token, resolve_from_resources
 from constrain.constraints.schema_rewrites import (
@@ -70,7 +71,7 @@ from constrain.errors import SchemaError, UnsatisfiableSchemaError, UnsupportedS
 
 __all__ = [
     "SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "SUBSCHEMA_KEYS", "CoverageEntry", "Status", "prepare",
-    "subschemas",
+    "prepared_schema", "subschemas",
 ]  # fmt: skip
 
 Status = Literal["enforced", "checked", "approximated", "ignored"]
@@ -596,6 +597,14 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
     entries = sorted(preparer.coverage.items())  # by pointer, then keyword
     return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
+
+
+@bounded("constraints.prepared_schema", maxsize=256)
+def prepared_schema(text: str, lenient: bool, closed: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
+    """:func:`prepare` of a schema given as JSON text, memoized: :func:`~constrain.json_schema` prepares its
+    schema to refuse a bad one at once, and the compile of the same constraint reads it here again (do
+    not mutate what it returns)."""
+    return prepare(json.loads(text), lenient=lenient, closed=closed)
 
 
 def _as_2020_12(node: Any, draft: int) -> Any:

@@ -25,7 +25,7 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
@@ -90,6 +90,23 @@ async def _admit(build: Callable[[], T], body: ChatCompletionRequest | Completio
         return await asyncio.to_thread(build)
     except (ConstraintError, SamplerError, ValueError) as err:
         raise _BadRequest(_param(err, body)) from err
+
+
+def _body_param(loc: Sequence[int | str], body: Any, *, missing: bool) -> str | None:
+    """The dotted path (``messages.0.role``) of the field a validation error's ``loc`` (after ``"body"``)
+    points at in the request ``body``, without the names pydantic gives the members of a union
+    (``stop.str`` is ``stop``): the steps that are not in the body are left out, but for a missing
+    field's name at the end."""
+    path, here = [], body
+    for at, step in enumerate(loc):
+        if isinstance(here, dict) and isinstance(step, str) and step in here:
+            here = here[step]
+        elif isinstance(here, list) and isinstance(step, int) and 0 <= step < len(here):
+            here = here[step]
+        elif not (missing and at == len(loc) - 1):
+            continue  # a union member's name, or a step into a value of another type
+        path.append(str(step))
+    return ".".join(path) or None
 
 
 def _param(err: Exception, body: ChatCompletionRequest | CompletionRequest) -> str | None:
@@ -247,7 +264,7 @@ def create_app(
         if first["type"] == "json_invalid":  # loc: ("body", the character's offset)
             why = first.get("ctx", {}).get("error", first["msg"])
             return _error(400, f"the request body is not JSON: {why} (character {first['loc'][-1]})")
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        param = _body_param(first["loc"][1:], err.body, missing=first["type"] == "missing")
         return _error(400, f"{param or 'body'}: {first['msg']}", param)
 
     @app.exception_handler(_BadRequest)

@@ -140,7 +140,8 @@ def test_optional_whitespace_rules_are_written_in_place_for_the_same_language():
     assert len(inlined.splitlines()) < len(ebnf.splitlines()) - 10
     assert '"\\"root_1\\""' in inlined and "root_1 ::=" in ebnf and "root_1 ::=" not in inlined
     texts = ['{"root_1": "x"}', '{ "root_1":"x" }', '{"root_1"  : "x"}', '{"n": [1, {"a" :[ ]}], "root_1": ""}',
-             '{"n":[ 1,2 ], "root_1":"a\\"b" , "z": null}', '{\n"root_1":\t"x"\r}', '{"n": []}', '{"root_1": "x",}']  # fmt: skip
+             '{"n":[ 1,2 ], "root_1":"a\\"b" , "z": null}', '{\n"root_1":\t"x"\r}', '{"n": []}',
+             '{"root_1": "x",}']  # fmt: skip
     verdicts = [xgr.testing._is_grammar_accept_string(ebnf, text) for text in texts]
     assert verdicts == [xgr.testing._is_grammar_accept_string(inlined, text) for text in texts]
     assert verdicts == [True, True, False, True, True, True, False, False]

@@ -230,6 +230,9 @@ def test_json_schema_without_schema_returns_a_json_object(server):
         ("/v1/chat/completions", {"length_penalty": 0.5}, "length_penalty"),
         ("/v1/chat/completions", {"max_completion_tokens": 5}, "max_tokens"),
         ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"stop": [1]}, "stop"),  # was "stop.str", a union member's name
+        ("/v1/completions", {"stop": {"a": 1}}, "stop"),
+        ("/v1/chat/completions", {"max_tokens": "many"}, "max_tokens"),
         ("/v1/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
         ("/v1/completions", {"prompt": []}, "prompt"),
     ],
