@@ -599,11 +599,13 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
     return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
 
 
-@bounded("constraints.prepared_schema", maxsize=256)
+@bounded("constraints.prepared_schema", maxsize=1024)
 def prepared_schema(text: str, lenient: bool, closed: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
     """:func:`prepare` of a schema given as JSON text, memoized: :func:`~constrain.json_schema` prepares its
     schema to refuse a bad one at once, and the compile of the same constraint reads it here again (do
-    not mutate what it returns)."""
+    not mutate what it returns). As many entries as the compile cache keeps constraints
+    (:data:`~constrain.compiler.compiler.CACHE_MAX_ENTRIES`), so that a request whose constraint is
+    compiled already is not prepared again."""
     return prepare(json.loads(text), lenient=lenient, closed=closed)
 
 
