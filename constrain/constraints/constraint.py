@@ -170,7 +170,8 @@ def json_schema(
     closed : bool or None, default: None (the mode's; a Pydantic model with ``extra="allow"`` is open)
         ``True`` closes every object that declares ``properties`` (or ``required``) and says
         nothing of other keys: no ``additionalProperties``, ``patternProperties``,
-        ``unevaluatedProperties``, ``dependentSchemas`` or ``if``; and every array with
+        ``unevaluatedProperties``, ``dependentSchemas`` (but one that only requires declared keys) or
+        ``if``; and every array with
         ``prefixItems`` and no ``items``. As OpenAI's strict mode, xgrammar's ``strict_mode``,
         Outlines and llama.cpp do. An object or array the schema describes not at all
         (``{"type": "object"}``) stays any object or array. ``False`` follows the specification:

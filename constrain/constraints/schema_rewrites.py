@@ -51,9 +51,37 @@ node as the schema has it."""
 
 
 def says_what_else(node: dict[str, Any]) -> bool:
-    """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`."""
+    """Whether ``node`` or one of its inline ``allOf`` branches has a keyword of :data:`_SAYS_WHAT_ELSE`, but
+    for a ``dependentSchemas`` or ``dependencies`` that only requires declared keys (:func:`_adds_keys`)."""
     branches: Any = node.get("allOf") if isinstance(node.get("allOf"), list) else []
-    return any(isinstance(n, dict) and not n.keys().isdisjoint(_SAYS_WHAT_ELSE) for n in [node, *branches])
+    for n in [node, *branches]:
+        if not isinstance(n, dict):
+            continue
+        says = n.keys() & _SAYS_WHAT_ELSE
+        declared = n.get("properties") if isinstance(n.get("properties"), dict) else {}
+        if any(key not in _DEPENDENT or _adds_keys(n[key], declared) for key in says):
+            return True
+    return False
+
+
+_DEPENDENT = ("dependentSchemas", "dependencies")
+"""Keywords of :data:`_SAYS_WHAT_ELSE` that often only require keys (draft 7's ``dependencies`` lists are
+2019-09's ``dependentRequired``): those say nothing of what else an object holds."""
+
+
+def _adds_keys(value: Any, declared: dict[str, Any]) -> bool:
+    """Whether a ``dependentSchemas`` or ``dependencies`` map may let its object hold a key that is not among
+    the ``declared`` properties: some entry is more than a list of declared names, a boolean, or a schema
+    of a ``required`` list of declared names (and annotations)."""
+    if not isinstance(value, dict):
+        return True
+    for entry in value.values():
+        names = entry if isinstance(entry, list) else entry.get("required", []) if isinstance(entry, dict) else []
+        if isinstance(entry, dict) and not entry.keys() <= {"required"} | ANNOTATIONS:
+            return True
+        if not isinstance(entry, bool) and not (isinstance(names, list) and all(name in declared for name in names)):
+            return True
+    return False
 
 
 def search_pattern(pattern: str) -> str | None:

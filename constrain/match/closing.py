@@ -30,6 +30,7 @@ import numpy as np
 from constrain.match.bitmask import allocate_token_bitmask, unpack
 from constrain.match.greedy import Encode, Signature, greedy_closing, state_signature, take_forced
 from constrain.match.hints import hints as constraint_hints
+from constrain.match.hints import required_keys
 from constrain.match.matcher import Matcher
 from constrain.match.vocab import ClosingVocab, closing_vocab
 
@@ -48,6 +49,12 @@ _TIES = 8
 the shortest."""
 
 
+Tail = tuple[frozenset[bytes], bytes | None]
+"""The required key names (:func:`~constrain.match.hints.required_keys`) a path wrote as quoted texts so far,
+and the text since its last quote where it begins one (else None): what tells apart states whose masks are
+alike but where only one has written a required key."""
+
+
 @dataclass(slots=True, eq=False)
 class _Node:
     """One state of the closing search: where ``ids`` lead from ``parent``."""
@@ -57,9 +64,10 @@ class _Node:
     cost: int  # tokens from the start
     size: int  # bytes of text from the start
     signature: Signature
-    key: tuple[Signature, int, int]  # what the search deduplicates by (see ``_Search._node``)
+    key: tuple[Signature, int, int, Tail | None]  # what the search deduplicates by (see ``_Search._node``)
     solid: int = 0  # bytes of text but for whitespace (``_Search`` level 0)
     text: int = 0  # a hash of the text from the start (``_Search`` level 2)
+    tail: Tail = (frozenset(), b"")  # the required keys written, one being written (``_Search._tail``; levels 0, 1)
     # once expanded: the matcher in this state, and the signatures on the way here (this one included)
     probe: Matcher | None = None
     seen: frozenset[Signature] = frozenset()
@@ -94,15 +102,23 @@ class _Search:
     """
 
     def __init__(
-        self, matcher: Matcher, encode: Encode, vocab: ClosingVocab, fanout: int, level: int, hints: list[list[int]]
+        self,
+        matcher: Matcher,
+        encode: Encode,
+        vocab: ClosingVocab,
+        fanout: int,
+        level: int,
+        hints: list[list[int]],
+        names: frozenset[bytes] = frozenset(),
     ) -> None:
         self.encode, self.vocab, self.fanout, self.level = encode, vocab, fanout, level
         self.bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
-        self.settled: set[tuple[Signature, int, int]] = set()
-        self.queued: dict[tuple[Signature, int, int], int] = {}  # the cheapest cost queued per key
+        self.settled: set[tuple[Signature, int, int, Tail | None]] = set()
+        self.queued: dict[tuple[Signature, int, int, Tail | None], int] = {}  # the cheapest cost queued per key
         self.moves: dict[Signature, list[list[int]]] = {}  # per signature, the moves that mattered
         self.root = matcher
         self.hints = hints  # tried wherever free text is allowed
+        self.names = names  # keys an object may have to hold (see ``_tail``)
         self.exhausted = False  # the last run found no state left to expand below its bound
         self.expanded = 0  # states expanded by the last run
         self.covers: dict[str, tuple[list[int] | None, list[list[int]]]] = {}  # per forced text, its moves
@@ -116,16 +132,37 @@ class _Search:
             text = parent.text if parent else 0
             for byte in piece:
                 text = (text * 257 + byte + 1) % _MODULUS
-            return _Node(parent, ids, cost, size, signature, (signature, text, -1), text=text)
+            return _Node(parent, ids, cost, size, signature, (signature, text, -1, None), text=text)
+        # a free text that begins or is a key the schema may require is kept apart from the others of its
+        # signature and length: ``{"a`` from ``{"x``, ``{"a": `` from ``{"x": ``, where the masks are
+        # alike but only one leads on
+        tail = self._tail(parent.tail, piece) if parent else (frozenset(), b"")
         if self.level == 1:
-            return _Node(parent, ids, cost, size, signature, (signature, size, -1))
+            return _Node(parent, ids, cost, size, signature, (signature, size, -1, tail), tail=tail)
         # states of one signature and one length but for whitespace are one state, whatever the path
         # (so whitespace and the choice of a value do not multiply the search); a signature met before
         # on the way (a counted repetition: the next digit of [0-3]{2}, the next array item) is kept
         # apart from its first state elsewhere by the whole length
         solid = (parent.solid if parent else 0) + len(piece) - sum(piece.count(space) for space in _SPACES)
         repeat = parent is not None and signature in parent.seen
-        return _Node(parent, ids, cost, size, signature, (signature, solid, size if repeat else -1), solid=solid)
+        key = (signature, solid, size if repeat else -1, tail)
+        return _Node(parent, ids, cost, size, signature, key, solid=solid, tail=tail)
+
+    def _tail(self, tail: Tail, piece: bytes) -> Tail:
+        """``tail`` (see :data:`Tail`) once ``piece`` is written after it (the same where no key is named)."""
+        if not self.names:
+            return tail
+        done, current = tail
+        for index, part in enumerate(piece.split(b'"')):
+            if index:  # a quote: the text before it ends, a new one begins
+                if current is not None and current in self.names:
+                    done = done | {current}
+                current = b""
+            if current is not None and part:
+                current += part
+                if not any(name.startswith(current) for name in self.names):
+                    current = None
+        return done, current
 
     def _moves(self, node: _Node, probe: Matcher) -> list[list[int]]:
         """The moves out of ``node`` (see :func:`completion`), fewest tokens first."""
@@ -184,7 +221,7 @@ class _Search:
                     bound = cost
                 elif cost + 1 < bound:  # else nothing on from it is cheaper: no need for its mask
                     child = self._node(node, ids, probe)
-                    alike = child.key if self.level == 2 else (child.signature, child.size)
+                    alike = child.key if self.level == 2 else (child.signature, child.size, child.tail)
                     if alike not in siblings:
                         siblings.add(alike)
                         useful.append(ids)
@@ -266,12 +303,13 @@ def completion(
     vocab = closing_vocab(matcher.compiled.tokenizer)
     spelled = (vocab.cover(text.encode(), 0)[0] for text in (constraint_hints(matcher) if hints is None else hints))
     hinted = [ids for ids in spelled if ids]
+    names = frozenset(name.encode() for name in required_keys(matcher))
     limit = _SLACK * max_tokens + 16
     found: list[list[int]] = []
     deadline = None if max_seconds is None else time.perf_counter() + max_seconds
     nodes = max_nodes
     for level in range(3 if max_nodes > 0 else 0):
-        search = _Search(matcher, encode, vocab, fanout, level, hinted)
+        search = _Search(matcher, encode, vocab, fanout, level, hinted, names)
         found = search.run(limit + 1, nodes, deadline)
         nodes -= search.expanded
         if found or not search.exhausted:

@@ -5,6 +5,8 @@ suffix of ``[A-Z_]+(_DEVICE|_LAYOUT)``, an unanchored pattern): the closing sear
 (:mod:`constrain.match.closing`) would be blind. :func:`hints` gives it the shortest examples of the
 constraint's regexes (a JSON Schema's ``pattern`` strings, as JSON string content) and of its
 ``format`` strings; :func:`example` builds one from a pattern. Both are guesses the matcher checks.
+:func:`required_keys` names the keys an object may have to hold: an open object's keys are free text,
+where the search tells a required name from any other key (the masks do not).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import regex
 from constrain.constraints.constraint import Grammar, JsonSchema, Regex
 from constrain.match.matcher import Matcher
 
-__all__ = ["FORMATS", "MAX_HINTS", "example", "hints"]
+__all__ = ["FORMATS", "MAX_HINTS", "example", "hints", "required_keys"]
 
 FORMATS = {
     "date-time": "2000-01-01T00:00:00Z", "date": "2000-01-01", "time": "00:00:00Z", "duration": "P1D",
@@ -135,6 +137,34 @@ def hints(matcher: Matcher) -> list[str]:
     # user's (the patterns the value checks match, left out of the engine's)
     schemas = [getattr(compiled, "engine_schema", None), constraint.schema_value]
     return list(itertools.islice(dict.fromkeys(text for text in _texts(schemas) if text), MAX_HINTS))
+
+
+def required_keys(matcher: Matcher) -> list[str]:
+    """The keys an object of ``matcher``'s JSON schema may have to hold, as JSON string content, each once
+    (at most :data:`MAX_HINTS`): every ``required`` list's, and those another key requires
+    (``dependentRequired``, draft 7's ``dependencies`` lists); ``[]`` for other constraints. Does not
+    change ``matcher``."""
+    constraint = matcher.compiled.constraint
+    if not isinstance(constraint, JsonSchema):
+        return []
+    return list(itertools.islice(dict.fromkeys(_required_names(constraint.schema_value)), MAX_HINTS))
+
+
+def _required_names(node: Any) -> Iterator[str]:
+    """:func:`required_keys` of a schema, or of a list of them."""
+    if isinstance(node, dict):
+        lists = [node.get("required")]
+        for key in ("dependentRequired", "dependencies"):
+            if isinstance(node.get(key), dict):
+                lists.extend(node[key].values())
+        for names in lists:
+            if isinstance(names, list):
+                yield from (json.dumps(name)[1:-1] for name in names if isinstance(name, str))
+        for value in node.values():
+            yield from _required_names(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _required_names(value)
 
 
 def _texts(node: Any) -> Iterator[str]:

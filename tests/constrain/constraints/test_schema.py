@@ -9,6 +9,7 @@ import pytest
 import constrain
 from constrain.constraints.formats import FORMATS
 from constrain.errors import UnsatisfiableSchemaError
+from constrain.match.budget import Budget
 from constrain.testing import accepts
 
 
@@ -223,6 +224,32 @@ def test_closed_by_mode_and_open_where_a_model_allows_extras(smol_tokenizer):
     assert accepts(constrain.compile(spec(schema), smol_tokenizer), smol_tokenizer, extra)
     closed = constrain.compile(spec(schema, closed=True), smol_tokenizer)
     assert not accepts(closed, smol_tokenizer, extra) and accepts(closed, smol_tokenizer, '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "dependent",
+    [
+        {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": {"required": ["b"]}}},
+        {"dependentSchemas": {"a": {"required": ["b"], "description": "b with a"}}},
+        {"dependentRequired": {"a": ["b"]}},
+    ],
+)
+def test_an_object_whose_keys_only_require_others_stays_closed(smol_tokenizer, dependent):
+    """A ``dependentSchemas`` (or draft 7's ``dependencies``) that only requires declared keys says nothing of
+    what else the object holds: generation mode closes it (it was left open: the model wrote keys of its
+    own), and the budget finds the closing that writes the key required ("no valid output fits" before)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a"], **dependent}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(schema), smol_tokenizer)
+    assert accepts(compiled, smol_tokenizer, '{"a": 1, "b": 2}')
+    assert not accepts(compiled, smol_tokenizer, '{"a": 1, "b": 2, "c": 3}')
+    assert not accepts(compiled, smol_tokenizer, '{"a": 1}')
+    plan = Budget(compiled.matcher(), lambda text: smol_tokenizer.encode(text, add_special_tokens=False), 40).plan
+    assert json.loads(smol_tokenizer.decode(plan)).keys() == {"a", "b"}
+    adds = {"type": "object", "properties": {"a": {"type": "integer"}}, "dependentSchemas": {"a": {"properties": {
+        "c": {"type": "string"}}}}}  # fmt: skip
+    assert accepts(constrain.compile(constrain.json_schema(adds), smol_tokenizer), smol_tokenizer, '{"a": 1, "x": 2}')
 
 
 def test_subschemas_are_the_values_where_schemas_sit_in_the_nodes_own_order():
