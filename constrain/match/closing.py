@@ -315,9 +315,8 @@ def completion(
         if found or not search.exhausted:
             break
     if not found and fallback:  # no search, or cut short: the greedy closing
-        greedy = greedy_closing(
-            matcher, encode, vocab, limit, hinted, None if max_seconds is None else time.perf_counter() + max_seconds
-        )
+        deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+        greedy = greedy_closing(matcher, encode, vocab, limit, hinted, deadline, names)
         found = [greedy] if greedy is not None else []
     best = min((_retokenized(matcher, path, encode) if path else path for path in found), key=len, default=None)
     return best if best is None or len(best) <= max_tokens else None

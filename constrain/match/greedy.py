@@ -13,6 +13,7 @@ makes during generation. Its work is bounded in steps, never in seconds (:data:`
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -146,12 +147,15 @@ def greedy_closing(
     max_tokens: int,
     hints: list[list[int]],
     deadline: float | None = None,
+    names: frozenset[bytes] = frozenset(),
 ) -> list[int] | None:
     """A token sequence that completes ``matcher``'s match, at most ``max_tokens`` long (``[]`` if it is
     complete already), or None: a dead end, more than ``TRIES_PER_TOKEN * max_tokens`` moves tried, or
     ``deadline`` (a ``time.perf_counter()`` value, checked every 16 tokens; default None: no time
-    limit) passed. ``hints``: token sequences worth trying inside free text. Deterministic without a
-    ``deadline``. Does not change ``matcher`` (it walks a fork)."""
+    limit) passed. ``hints``: token sequences worth trying inside free text; ``names``: keys an object
+    may have to hold (:func:`~constrain.match.hints.required_keys`), each tried first where a key begins
+    (after ``{"`` or ``,"``) until the path has written it. Deterministic without a ``deadline``. Does
+    not change ``matcher`` (it walks a fork)."""
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     priority = [chars[c] for c in PRIORITY if c in chars]
@@ -180,7 +184,7 @@ def greedy_closing(
         # try the priority characters in turn, not into a dead end of the value checks ("a where the
         # array holds "a" already); where a string cannot close yet, the constraint's own examples before
         # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
-        pick, tries = _first_move(probe, moves, bitmask, tries)
+        pick, tries = _first_move(probe, _key_moves(out, names, vocab) + moves, bitmask, tries)
         if pick is None and tries > 0:
             probe.fill_next_token_bitmask(bitmask)
             by_char = sorted(allowed_among(bitmask[0], vocab.char_ids).tolist(), key=vocab.pieces.__getitem__)
@@ -193,6 +197,21 @@ def greedy_closing(
         last = pick
         out += pick
     return None
+
+
+_KEY_START = re.compile(rb'[{,][ \t\n\r]*"$')
+
+
+def _key_moves(out: list[int], names: frozenset[bytes], vocab: ClosingVocab) -> list[list[int]]:
+    """Where ``out`` ends where a key begins, the moves that write a key of ``names`` that ``out`` has not
+    written yet, with its closing quote (in the fewest tokens), sorted; else none."""
+    if not names:
+        return []
+    text = b"".join(vocab.pieces[t] for t in out)
+    if not _KEY_START.search(text):
+        return []
+    moves = (vocab.cover(name + b'"', 0)[0] for name in sorted(names) if b'"' + name + b'"' not in text)
+    return [ids for ids in moves if ids]
 
 
 def _first_move(

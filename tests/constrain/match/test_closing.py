@@ -523,3 +523,17 @@ def test_the_search_tells_a_required_key_from_any_other_key_of_an_open_object(sm
     assert found is not None and len(found) <= 12
     value = json.loads(smol_tokenizer.decode(found))
     assert jsonschema.Draft202012Validator(schema).is_valid(value) and value.keys() == {"a", "b"}
+
+
+def test_a_budget_admits_an_open_object_with_required_keys(smol_tokenizer):
+    """Specification mode (objects open) with two required keys: the greedy closing wrote ``{""`` (an extra
+    key) and never the required ones, and the search at admission found none in its states: every such
+    request was refused, "no valid output fits in max_tokens=40". The greedy closing now writes a required
+    key where a key begins, until the path has it."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"]}  # fmt: skip
+    for engine in ("xgrammar", "llguidance"):
+        compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine=engine)
+        plan = Budget(compiled.matcher(), own_tokens(smol_tokenizer), 40, initial=True).plan
+        value = json.loads(smol_tokenizer.decode(plan))
+        assert jsonschema.Draft202012Validator(schema).is_valid(value) and len(plan) <= 12
