@@ -154,7 +154,7 @@ def greedy_closing(
     ``deadline`` (a ``time.perf_counter()`` value, checked every 16 tokens; default None: no time
     limit) passed. ``hints``: token sequences worth trying inside free text; ``names``: keys an object
     may have to hold (:func:`~constrain.match.hints.required_keys`), each tried first where a key begins
-    (after ``{"`` or ``,"``) until the path has written it. Deterministic without a ``deadline``. Does
+    (after ``{"`` or ``,"``) until this path has written it. Deterministic without a ``deadline``. Does
     not change ``matcher`` (it walks a fork)."""
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
@@ -166,6 +166,7 @@ def greedy_closing(
     taken: dict[Signature, int] = {}  # where escapes from loops led, how often
     escapes = 0
     tries = TRIES_PER_TOKEN * max_tokens  # moves left to try
+    written: set[bytes] = set()  # the ``names`` this path wrote as keys
     while len(out) <= max_tokens and (deadline is None or len(out) % 16 or time.perf_counter() < deadline):
         if probe.is_completed():
             return out
@@ -184,7 +185,9 @@ def greedy_closing(
         # try the priority characters in turn, not into a dead end of the value checks ("a where the
         # array holds "a" already); where a string cannot close yet, the constraint's own examples before
         # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
-        pick, tries = _first_move(probe, _key_moves(out, names, vocab) + moves, bitmask, tries)
+        keys = _key_moves(out, names - written, vocab)
+        pick, tries = _first_move(probe, [ids for _, ids in keys] + moves, bitmask, tries)
+        written.update(name for name, ids in keys if ids == pick)
         if pick is None and tries > 0:
             probe.fill_next_token_bitmask(bitmask)
             by_char = sorted(allowed_among(bitmask[0], vocab.char_ids).tolist(), key=vocab.pieces.__getitem__)
@@ -200,18 +203,17 @@ def greedy_closing(
 
 
 _KEY_START = re.compile(rb'[{,][ \t\n\r]*"$')
+_KEY_START_TOKENS = 8
+"""How many of the last tokens :func:`_key_moves` reads to tell whether a key begins."""
 
 
-def _key_moves(out: list[int], names: frozenset[bytes], vocab: ClosingVocab) -> list[list[int]]:
-    """Where ``out`` ends where a key begins, the moves that write a key of ``names`` that ``out`` has not
-    written yet, with its closing quote (in the fewest tokens), sorted; else none."""
-    if not names:
+def _key_moves(out: list[int], names: frozenset[bytes], vocab: ClosingVocab) -> list[tuple[bytes, list[int]]]:
+    """Where ``out`` ends where a key begins (after ``{"`` or ``,"``), per name of ``names`` (sorted), the
+    move that writes it with its closing quote in the fewest tokens; else none. O(1) in ``out``'s length."""
+    if not names or not _KEY_START.search(b"".join(vocab.pieces[t] for t in out[-_KEY_START_TOKENS:])):
         return []
-    text = b"".join(vocab.pieces[t] for t in out)
-    if not _KEY_START.search(text):
-        return []
-    moves = (vocab.cover(name + b'"', 0)[0] for name in sorted(names) if b'"' + name + b'"' not in text)
-    return [ids for ids in moves if ids]
+    moves = ((name, vocab.cover(name + b'"', 0)[0]) for name in sorted(names))
+    return [(name, ids) for name, ids in moves if ids]
 
 
 def _first_move(
