@@ -58,7 +58,7 @@ def says_what_else(node: dict[str, Any]) -> bool:
         if not isinstance(n, dict):
             continue
         says = n.keys() & _SAYS_WHAT_ELSE
-        declared = n.get("properties") if isinstance(n.get("properties"), dict) else {}
+        declared: dict[str, Any] = n["properties"] if isinstance(n.get("properties"), dict) else {}
         if any(key not in _DEPENDENT or _adds_keys(n[key], declared) for key in says):
             return True
     return False
