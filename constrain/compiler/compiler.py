@@ -147,7 +147,7 @@ def _build_xgrammar(constraint: Constraint, info: TokenizerInfo) -> CompiledCons
             repeats = unique_keys(constraint, engine_schema, tracked)
             return CompiledConstraint(constraint, info, grammar, coverage, engine_schema, repeats, checks)
         if isinstance(constraint, Regex):
-            return CompiledConstraint(constraint, info, backend.compile_regex(constraint.pattern))
+            return CompiledConstraint(constraint, info, backend.compile_regex(constraint.engine_pattern))
         if isinstance(constraint, Grammar):
             grammar = backend.compile_ebnf(constraint.ebnf)
             return CompiledConstraint(constraint, info, grammar, value_checks=embedded_checks(constraint.embedded))
@@ -169,7 +169,7 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
         raise CompileError("the llguidance engine needs a fast Hugging Face tokenizer")
     coverage: tuple[CoverageEntry, ...] = ()
     if isinstance(constraint, Regex):
-        engine_schema, text = None, regex_grammar(constraint.pattern)
+        engine_schema, text = None, regex_grammar(constraint.engine_pattern)
     else:
         engine_schema, coverage = prepared(constraint)
         checked = any(e.status in ("checked", "approximated") for e in coverage)

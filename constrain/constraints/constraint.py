@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ __all__ = [
     "Regex",
     "Whitespace",
     "choice",
+    "engine_regex",
     "grammar",
     "json_object",
     "json_schema",
@@ -100,6 +102,12 @@ class Regex:
     """The whole output must match ``pattern`` (Python ``regex`` syntax, a subset xgrammar supports)."""
 
     pattern: str
+
+    @property
+    def engine_pattern(self) -> str:
+        """``pattern`` as the grammar engines are given it, meaning what Python means by it
+        (:func:`engine_regex`)."""
+        return engine_regex(self.pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +318,115 @@ def json_object(*, whitespace: Whitespace = "dumps") -> JsonSchema:
     return json_schema({"type": "object"}, whitespace=whitespace)
 
 
+_ESCAPED_ANCHORS = {"A": "^", "Z": "$", "z": "$"}
+"""Python's anchors at the text's start and end, which xgrammar reads as the letters: the engines get ``^`` and
+``$`` (the whole output is matched, so each stands only where :func:`_misplaced_anchor` allows)."""
+_GROUP_NAME = re.compile(r"\(\?P?<(?![=!])[^>]*>")
+_LOOKAROUND = re.compile(r"\(\?<?[=!]")
+_OPEN_LOWER_BOUND = re.compile(r"\{,(\d+)\}")
+
+
+def _lexemes(pattern: str) -> Iterator[tuple[int, str, bool]]:
+    """``pattern``'s pieces in order, each with its offset and whether it stands inside a character class: an
+    escape (two characters), a class's opening (``[`` or ``[^``, with a ``]`` right after it, which Python
+    reads as a literal ``]``, as ``\\]``), or one character."""
+    at, end, in_class = 0, len(pattern), False
+    while at < end:
+        ch = pattern[at]
+        if ch == "\\" and at + 1 < end:
+            yield at, pattern[at : at + 2], in_class
+            at += 2
+        elif ch == "[" and not in_class:
+            opening = "[^" if pattern.startswith("[^", at) else "["
+            yield at, opening, False
+            at += len(opening)
+            in_class = True
+            if pattern.startswith("]", at):
+                yield at, "\\]", True
+                at += 1
+        else:
+            yield at, ch, in_class
+            in_class = in_class and ch != "]"
+            at += 1
+
+
+@bounded("constraints.engine_regex", maxsize=256)
+def engine_regex(pattern: str) -> str:
+    """``pattern`` (a valid Python regex) in the dialect both engines read alike and as Python does:
+    ``.`` outside classes becomes ``[^\\n]`` (xgrammar's ``.`` takes a newline, Python's does not),
+    ``\\A``, ``\\Z`` and ``\\z`` become ``^`` and ``$`` (xgrammar reads them as the letters), a named
+    group ``(?P<name>...)`` a plain one, ``{,n}`` ``{0,n}``, and a class's leading ``]`` ``\\]``. Pure,
+    memoized."""
+    out: list[str] = []
+    skip_to = 0
+    for at, piece, in_class in _lexemes(pattern):
+        if at < skip_to:
+            continue
+        if in_class:
+            out.append(piece)
+        elif piece[0] == "\\" and piece[1:] in _ESCAPED_ANCHORS:
+            out.append(_ESCAPED_ANCHORS[piece[1:]])
+        elif piece == ".":
+            out.append("[^\\n]")
+        elif piece == "(" and (named := _GROUP_NAME.match(pattern, at)):
+            out.append("(")
+            skip_to = named.end()
+        elif piece == "{" and (bound := _OPEN_LOWER_BOUND.match(pattern, at)):
+            out.append(f"{{0,{bound.group(1)}}}")
+            skip_to = bound.end()
+        else:
+            out.append(piece)
+    return "".join(out)
+
+
+def _lookaround_at(pattern: str) -> int | None:
+    """The offset of the first look-around group (``(?=``, ``(?!``, ``(?<=``, ``(?<!``) of ``pattern``, or None."""
+    return next(
+        (
+            at
+            for at, piece, in_class in _lexemes(pattern)
+            if piece == "(" and not in_class and _LOOKAROUND.match(pattern, at)
+        ),
+        None,
+    )
+
+
+def _misplaced_anchor(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be served: an anchor (``^``, ``$``, ``\\A``, ``\\Z``) where Python matches
+    nothing (``a^b``), which the engines drop or refuse; None where every anchor stands at the start or the
+    end of the whole match, or where Python's ``re`` cannot parse the pattern (the ``regex`` module's own
+    syntax: the engines judge it)."""
+    try:
+        from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+        from re import _parser
+
+        tree = _parser.parse(pattern)
+    except Exception:
+        return None
+    starts = {sre.AT_BEGINNING, sre.AT_BEGINNING_STRING}
+    ends = {sre.AT_END, sre.AT_END_STRING}
+
+    def walk(items: list[tuple[Any, Any]], first: bool, last: bool) -> str | None:
+        for index, (op, value) in enumerate(items):
+            head = first and all(o is sre.AT and v in starts for o, v in items[:index])
+            tail = last and all(o is sre.AT and v in ends for o, v in items[index + 1 :])
+            if op is sre.AT and ((value in starts and not head) or (value in ends and not tail)):
+                return "an anchor (^, $, \\A or \\Z) inside the pattern, where it matches nothing"
+            if op is sre.BRANCH:
+                found = next((w for branch in value[1] if (w := walk(list(branch), head, tail))), None)
+            elif op is sre.SUBPATTERN:
+                found = walk(list(value[-1]), head, tail)
+            elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                found = walk(list(value[-1]), False, False)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(list(tree), True, True)
+
+
 _XGR_POSITION = re.compile(r"at position (\d+): (.*)", re.S)
 _XGR_LINE_COL = re.compile(r"at line (\d+), column (\d+): (.*)", re.S)
 
@@ -329,15 +446,32 @@ def regex(pattern: str) -> Regex:
         regex_module.compile(pattern)
     except regex_module.error as err:
         raise RegexError(pattern, getattr(err, "msg", str(err)), getattr(err, "pos", None)) from err
+    if (why := _misplaced_anchor(pattern)) is not None:
+        raise RegexError(pattern, why)
+    if (at := _lookaround_at(pattern)) is not None:
+        raise RegexError(pattern, "look-around is not supported by the grammar engines", at)
     try:
-        xgrammar.check_regex(pattern)
+        xgrammar.check_regex(engine_regex(pattern))
     except RuntimeError as err:
-        message = xgrammar.engine_message(err)
-        found = _XGR_POSITION.search(message)
-        if found:
-            raise RegexError(pattern, found.group(2).strip(), int(found.group(1))) from err
-        raise RegexError(pattern, message) from err
+        raise _engine_refusal(pattern, err) from err
     return Regex(pattern)
+
+
+def _engine_refusal(pattern: str, err: RuntimeError) -> RegexError:
+    """The :class:`RegexError` of xgrammar's refusal ``err`` of ``pattern`` as the engines are given it
+    (:func:`engine_regex`), with a position in ``pattern`` where xgrammar gives one there: the engine's
+    pattern's positions are not the user's where it was rewritten."""
+    own = engine_regex(pattern) == pattern
+    if not own:
+        try:
+            xgrammar.check_regex(pattern)
+        except RuntimeError as refused:  # refused as written too: read there
+            err, own = refused, True
+    message = xgrammar.engine_message(err)
+    found = _XGR_POSITION.search(message)
+    if found:
+        return RegexError(pattern, found.group(2).strip(), int(found.group(1)) if own else None)
+    return RegexError(pattern, message)
 
 
 def grammar(ebnf_or_name: str) -> Grammar:

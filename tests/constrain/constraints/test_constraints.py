@@ -111,13 +111,41 @@ def test_malformed_schema_names_the_pointer(schema, pointer):
 
 @pytest.mark.parametrize(
     "pattern,position",
-    [("a(b", 3), ("[a-", 3), ("a{2,1}", 2), ("(?<=a)b", 3), (r"(a)\1", 4), (r"\p{L}+", 1), ("*a", 0)],
-)
+    [("a(b", 3), ("[a-", 3), ("a{2,1}", 2), ("(?<=a)b", 0), ("a.(?!b)", 2), (r"(a)\1", 4), (r"\p{L}+", 1),
+     ("*a", 0)],
+)  # fmt: skip
 def test_bad_regex_names_the_position(pattern, position):
     with pytest.raises(RegexError) as info:
         constrain.regex(pattern)
     assert info.value.position == position
     assert repr(pattern) in str(info.value)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_regex_means_what_python_means(smol_tokenizer, engine):
+    """The mask takes a text exactly where Python's ``re.fullmatch`` does: xgrammar read ``\\A`` and ``\\Z``
+    as the letters and its ``.`` took a newline; named groups and ``{,n}`` were refused. (``\\w``, ``\\d`` and
+    ``\\s`` are ASCII under xgrammar: the regex guide says so, and they are left out here.)"""
+    import re
+
+    from constrain.testing import accepts
+
+    cases = {
+        r"\Aab\Z": ["ab", "Aab", "abZ"], "a.c": ["abc", "a\nc", "a.c"], "(?P<x>a)b": ["ab", "b"],
+        "a{,2}b": ["b", "aab", "aaab"], "[]a.]+": ["]a.", "b"], "^(a|b)$": ["a", "ab"], "(^a|b)c": ["ac", "bc", "c"],
+        "[.]x": [".x", "ax"], r"\.": [".", "a"],
+    }  # fmt: skip
+    for pattern, texts in cases.items():
+        compiled = constrain.compile(constrain.regex(pattern), smol_tokenizer, engine=engine)
+        for text in texts:
+            assert accepts(compiled, smol_tokenizer, text) == bool(re.fullmatch(pattern, text)), (pattern, text)
+
+
+@pytest.mark.parametrize("pattern", ["a^b", "a$b", r"a\Ab", r"a\Zb", "x(a|^b)", "(a)*^"])
+def test_an_anchor_where_python_matches_nothing_is_refused(pattern):
+    """xgrammar dropped a ``^`` or ``$`` inside the pattern (``a^b`` took ``ab``, which Python never matches)."""
+    with pytest.raises(RegexError, match="anchor"):
+        constrain.regex(pattern)
 
 
 @pytest.mark.parametrize(
