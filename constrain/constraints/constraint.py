@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -519,6 +519,8 @@ def choice(options: Any) -> Choice:
     """
     if isinstance(options, str):
         raise ValueError("choice() takes a sequence of strings, not one string")
+    if not isinstance(options, Iterable):
+        raise ValueError(f"choice() takes a sequence of strings, got {type(options).__name__}: {options!r}")
     opts = tuple(options)
     if not opts:
         raise ValueError("choice() needs at least one option")

@@ -46,6 +46,12 @@ class StopText:
             self.stop = [self.stop]
         if isinstance(self.stop_regex, str):
             self.stop_regex = [self.stop_regex]
+        for name, value in (("stop", self.stop), ("stop_regex", self.stop_regex)):
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"{name} is a string or a list of strings, got {type(value).__name__}: {value!r}")
+        for pattern in self.stop_regex:
+            if not isinstance(pattern, str):
+                raise ValueError(f"stop_regex patterns must be strings, got {pattern!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")

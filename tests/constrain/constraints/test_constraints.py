@@ -165,7 +165,8 @@ def test_unknown_grammar_name_lists_the_shipped_ones():
 
 
 @pytest.mark.parametrize(
-    "options,message", [([], "at least one"), (["a", 1], "not str"), (["a", "a"], "twice"), ("ab", "sequence")]
+    "options,message",
+    [([], "at least one"), (["a", 1], "not str"), (["a", "a"], "twice"), ("ab", "sequence"), (None, "NoneType")],
 )
 def test_bad_choices(options, message):
     with pytest.raises(ValueError, match=message):

@@ -52,6 +52,10 @@ def test_stop_regex_with_partial_matches():
 def test_bad_stops_fail_at_construction():
     with pytest.raises(ValueError, match="non-empty"):
         StopText(stop=[""])
+    with pytest.raises(ValueError, match="stop is a string or a list of strings, got int"):
+        StopText(stop=5)  # type: ignore[arg-type]  # was a bare TypeError: 'int' object is not iterable
+    with pytest.raises(ValueError, match="stop_regex patterns must be strings"):
+        StopText(stop_regex=[None])  # type: ignore[list-item]
     with pytest.raises(RegexError) as info:
         StopText(stop_regex=["a(b"])
     assert info.value.position == 3
