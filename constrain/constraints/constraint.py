@@ -16,6 +16,7 @@ from typing import Any, Literal
 import jsonschema
 import jsonschema_rs
 import regex as regex_module
+from pydantic.json_schema import GenerateJsonSchema
 
 from constrain import grammars
 from constrain.backends import xgrammar
@@ -31,6 +32,7 @@ __all__ = [
     "Grammar",
     "JsonSchema",
     "Mode",
+    "PydanticSchemas",
     "Regex",
     "Whitespace",
     "choice",
@@ -302,13 +304,23 @@ def _rule_2020_12_dropped(err: jsonschema.ValidationError) -> bool:
     return any(all(map(_rule_2020_12_dropped, errors)) for errors in branches.values())
 
 
+class PydanticSchemas(GenerateJsonSchema):
+    """pydantic's JSON schemas, with a ``Decimal``'s string form spelled as a number
+    (``build_decimal_pattern``, ``max_digits`` and ``decimal_places`` included): pydantic's own schema
+    lets a decimal be any string, which its validation then refuses, so a model could write
+    ``"price": "cheap"``."""
+
+    def get_decimal_pattern(self, schema: Any) -> str | None:
+        return self.build_decimal_pattern(schema)
+
+
 def _schema_of_type(tp: Any) -> Any:
     import pydantic
 
     try:
         if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
-            return tp.model_json_schema()
-        return pydantic.TypeAdapter(tp).json_schema()
+            return tp.model_json_schema(schema_generator=PydanticSchemas)
+        return pydantic.TypeAdapter(tp).json_schema(schema_generator=PydanticSchemas)
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as err:
         raise SchemaError(f"cannot derive a JSON Schema from {tp!r}: {err}") from err
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from pydantic.json_schema import GenerateJsonSchema
 
 from constrain.compiler.json_schema import json_schema_ebnf
-from constrain.constraints.constraint import JsonSchema, json_schema
+from constrain.constraints.constraint import JsonSchema, PydanticSchemas, json_schema
 from constrain.errors import ConstraintError, ToolError
 from constrain.match.validate import parse_json, schema_violations
 
@@ -31,8 +30,9 @@ MODES = ("none", "auto", "required")
 """The ``tool_choice`` values that name no tool."""
 
 
-class _NoTitles(GenerateJsonSchema):
-    """Pydantic's schemas without the titles it derives from field names (noise in a prompt)."""
+class _NoTitles(PydanticSchemas):
+    """Pydantic's schemas (decimals as numbers) without the titles it derives from field names (noise in a
+    prompt)."""
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False

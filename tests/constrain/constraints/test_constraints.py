@@ -266,3 +266,27 @@ def test_tuple_items_of_older_drafts_are_enforced(smol_tokenizer, engine, draft)
         for text, valid in texts.items():
             ok, matcher = walk(compiled, token_ids(smol_tokenizer, text))
             assert (ok and matcher.is_completed()) is valid, (rest, text)
+
+
+def test_a_decimal_written_as_a_string_is_a_number(smol_tokenizer):
+    """pydantic's schema for ``Decimal`` took any string, which pydantic then refuses: greedy decoding wrote
+    ``"Prices of milk"`` for a price. Its string form is now a number, within ``max_digits`` and
+    ``decimal_places``."""
+    import decimal
+    from typing import Annotated
+
+    import pydantic
+
+    from constrain.testing import accepts
+
+    class Item(pydantic.BaseModel):
+        price: decimal.Decimal
+        cents: Annotated[decimal.Decimal, pydantic.Field(max_digits=5, decimal_places=2)] = decimal.Decimal(0)
+
+    compiled = constrain.compile(constrain.json_schema(Item), smol_tokenizer)
+    cases = [('{"price": 1.5}', True), ('{"price": "1.50"}', True), ('{"price": "cheap"}', False),
+             ('{"price": "1", "cents": "123.45"}', True), ('{"price": "1", "cents": "1.234"}', False)]  # fmt: skip
+    for text, valid in cases:
+        assert accepts(compiled, smol_tokenizer, text) == valid, text
+        if valid:
+            Item.model_validate_json(text)
