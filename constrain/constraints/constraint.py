@@ -407,7 +407,7 @@ def _misplaced_anchor(pattern: str) -> str | None:
     """Why ``pattern`` cannot be served: an anchor (``^``, ``$``, ``\\A``, ``\\Z``) where Python matches
     nothing (``a^b``), which the engines drop or refuse; None where every anchor stands at the start or the
     end of the whole match, or where Python's ``re`` cannot parse the pattern (the ``regex`` module's own
-    syntax: the engines judge it)."""
+    syntax: the engines judge it; and on Python 3.10, whose ``re`` has no ``_parser``, no pattern is read)."""
     try:
         from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
         from re import _parser
