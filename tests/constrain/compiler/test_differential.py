@@ -66,7 +66,7 @@ REPORTED_GENERATION: dict[str, str] = {
     "examples from an object equal, without them, to one converted before",
 }
 """Disagreements from an engine's bug that constrain does not work around yet: tolerated in the sample, and
-each has a minimal reproduction below (``REPORTED_EXAMPLES``, strict xfail)."""
+each has a minimal reproduction below (``REPORTED_EXAMPLES``, xfail)."""
 
 KNOWN_SPECIFICATION: dict[str, str] = {
     **KNOWN_GENERATION,
@@ -297,11 +297,13 @@ REPORTED_EXAMPLES = [
 
 @pytest.mark.parametrize(
     ("cause", "mode", "schema", "text"),
-    [pytest.param(*example, marks=pytest.mark.xfail(strict=True, reason=REPORTED_SPECIFICATION[example[0]]))
+    [pytest.param(*example, marks=pytest.mark.xfail(strict=False, reason=REPORTED_SPECIFICATION[example[0]]))
      for example in REPORTED_EXAMPLES],
 )  # fmt: skip
 def test_reported_disagreement_is_fixed(smol_tokenizer, cause, mode, schema, text):
-    """Strict xfail: once the engines agree, the cause leaves ``REPORTED_*`` (and this list)."""
+    """Xfail, not strict: xgrammar's bug shows only where an equal object was converted before in the
+    process, so whether it shows here depends on which tests ran first (a fresh clone's run passed it
+    once, 2026-11-28). Once the engines agree for good, the cause leaves ``REPORTED_*`` (and this list)."""
     verdicts = {
         engine: accepts(constrain.compile(constrain.json_schema(schema, mode=mode), smol_tokenizer, engine=engine),
                         smol_tokenizer, text)
