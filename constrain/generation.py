@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 256
-"""``max_tokens`` when none is given."""
+"""``max_tokens`` when none is given (fewer where the prompt leaves less of the model's context window)."""
 
 Prompt = str | Sequence[dict[str, str]]
 """A completion prompt, or chat messages (``[{"role": ..., "content": ...}]``) for the chat template."""
@@ -126,7 +126,7 @@ class Request:
     grammar: str | None = None
     choices: Sequence[str] | None = None
     constraint: Constraint | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None
     stop: Sequence[str] | str | None = None
     stop_regex: Sequence[str] | str | None = None
     n: int = 1
@@ -172,7 +172,7 @@ class SamplingOptions(TypedDict, total=False):
 class ReplyOptions(SamplingOptions, total=False):
     """The keyword options every public call takes: the sampling ones, how a reply ends, and how it decodes."""
 
-    max_tokens: int
+    max_tokens: int | None
     stop: Sequence[str] | str | None
     stop_regex: Sequence[str] | str | None
     close_in_budget: bool
@@ -227,7 +227,9 @@ def admit(
     ``on_event(k, event)``: called with completion ``k``'s :class:`StreamEvent` s, on the thread that runs
     the loop (None: no events). ``partials``: whether events of a JSON schema carry the partial value
     (a parse of the whole text per token; servers without a use for it save that)."""
-    if isinstance(spec.max_tokens, bool) or not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
+    if spec.max_tokens is not None and (
+        isinstance(spec.max_tokens, bool) or not isinstance(spec.max_tokens, int) or spec.max_tokens < 1
+    ):
         raise ValueError(f"max_tokens must be a positive integer, got {spec.max_tokens!r}")
     if isinstance(spec.n, bool) or not isinstance(spec.n, int) or spec.n < 1:
         raise ValueError(f"n must be a positive integer, got {spec.n!r}")
@@ -247,9 +249,8 @@ def admit(
         return list(handle.tokenizer.encode(text, add_special_tokens=False))
 
     ids = prompt_ids(handle, spec.prompt)
-    if len(ids) >= limit:
-        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context window is {limit}")
-    thinking = _thinking(handle, spec, ids, encode)
+    max_tokens = answer_budget(spec.max_tokens, len(ids), limit)
+    thinking = _thinking(handle, spec, ids, max_tokens, encode)
     out = []
     for k in range(spec.n):
         row_params = params
@@ -260,7 +261,7 @@ def admit(
                 prompt_ids=ids,
                 params=row_params,
                 compiled=compiled,
-                max_tokens=spec.max_tokens,
+                max_tokens=max_tokens,
                 stop=StopText(() if spec.stop is None else spec.stop, spec.stop_regex or ()),
                 detok=IncrementalDetokenizer(handle.tokenizer, context_ids=ids),
                 eos=frozenset(handle.eos_token_ids),
@@ -275,8 +276,26 @@ def admit(
     return out
 
 
+def answer_budget(max_tokens: int | None, prompt_tokens: int, context_window: int) -> int:
+    """The tokens an answer may take: ``max_tokens``, or (None) :data:`DEFAULT_MAX_TOKENS` or what the context
+    window leaves after the prompt where that is less. Raises ``ValueError`` where the prompt fills the window,
+    or a given ``max_tokens`` does not fit beside it (as OpenAI's and vLLM's servers refuse it: a constrained
+    output's closing budget must know where it ends)."""
+    room = context_window - prompt_tokens
+    if room < 1:
+        raise ValueError(f"the prompt has {prompt_tokens} tokens; the model's context window is {context_window}")
+    if max_tokens is None:
+        return min(DEFAULT_MAX_TOKENS, room)
+    if max_tokens > room:
+        raise ValueError(
+            f"max_tokens={max_tokens} does not fit: the prompt has {prompt_tokens} tokens and the model's context "
+            f"window is {context_window}, so at most {room} can follow it"
+        )
+    return max_tokens
+
+
 def _thinking(
-    handle: ModelHandle, spec: Request, prompt_ids: list[int], encode: Callable[[str], list[int]]
+    handle: ModelHandle, spec: Request, prompt_ids: list[int], max_tokens: int, encode: Callable[[str], list[int]]
 ) -> Callable[[], Thinking | None]:
     """A maker of the request's :class:`Thinking` (one per completion), checked now."""
     options = reasoning_options(spec.reasoning)
@@ -289,7 +308,7 @@ def _thinking(
     special = list(getattr(handle.tokenizer, "all_special_ids", []))
 
     def make() -> Thinking:
-        return Thinking(info, tags, options.max_tokens or spec.max_tokens, encode, opened=opened,
+        return Thinking(info, tags, options.max_tokens or max_tokens, encode, opened=opened,
                         eos=handle.eos_token_ids, special_ids=special)  # fmt: skip
 
     make()  # a budget too small for the tags raises here
@@ -304,9 +323,8 @@ def admit_beam_search(handle: ModelHandle, spec: Request) -> BeamSearch:
         if getattr(spec, name):
             raise BeamSearchError(name, "beam search takes no stop strings or reasoning: end the output with a grammar")
     one = admit(handle, replace(spec, n=1, sampling={}, close_in_budget=False, repetition_guard=False))[0]
-    room = min(spec.max_tokens, one.context_limit - len(one.prompt_ids))
     return BeamSearch(handle, one.prompt_ids, one.compiled, num_beams=spec.num_beams,
-                      length_penalty=spec.length_penalty, max_tokens=room, n=spec.n)  # fmt: skip
+                      length_penalty=spec.length_penalty, max_tokens=one.max_tokens, n=spec.n)  # fmt: skip
 
 
 def _plan(handle: ModelHandle, spec: Request) -> list[InFlight] | BeamSearch:
@@ -384,7 +402,8 @@ def generate(
     schema, regex, grammar, choices, constraint : the constraint, default: None (free text)
         A JSON schema (dict, pydantic model or type), a regex, a grammar (EBNF, xgrammar's dialect), a list of
         strings, or a value of ``constrain.json_schema/regex/grammar/choice``.
-    max_tokens : int, default: 256
+    max_tokens : int or None, default: None (256, or what the context window leaves after the prompt)
+        A ``ValueError`` where the prompt and ``max_tokens`` together exceed the model's context window.
     stop, stop_regex : stop strings / regexes (cut from the text, with what follows)
     n : int, default: 1
         Completions per prompt (seeded requests use seed, seed + 1, ...).

@@ -237,6 +237,10 @@ class InFlight:
         self._emit_reasoning(delta, [token])
         if answer is not None:
             self.answer_start = len(self.output_ids)
+            # the thinking took part of the context window: the answer's budget ends where the window does
+            self.max_tokens = max(
+                1, min(self.max_tokens, self.context_limit - len(self.prompt_ids) - self.answer_start)
+            )
             if answer and self.matcher is not None and not self.matcher.accept_string(answer):
                 self.finish("error", f"the grammar rejected {answer!r}, written after the end of the thinking")
                 return True

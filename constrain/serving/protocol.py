@@ -45,7 +45,8 @@ Decisions, where OpenAI's API leaves room:
   default backend (xgrammar, strict mode) closes them. ``guided_decoding_backend`` is taken as
   ``"auto"`` only (one backend here); the whitespace patterns and structural tags are refused
   (:data:`REFUSED_FIELDS`).
-- ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``temperature`` to 1.
+- ``max_tokens`` (or ``max_completion_tokens``) defaults to 256, or what the model's context window leaves
+  after the prompt where that is less; more than that is a 400 naming ``max_tokens``. ``temperature`` defaults to 1.
 - ``use_beam_search`` (vLLM's name) runs a beam search of width ``best_of`` (default ``n``, at least
   ``n``) with ``length_penalty``: the ``n`` choices are the ``n`` best beams (:mod:`constrain.decode.beams`).
   Not with ``stream``, ``stop``, ``logprobs`` or sampling parameters (400, naming the parameter).
@@ -72,7 +73,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from constrain.constraints.constraint import Constraint, choice, grammar, json_object, json_schema, regex
 from constrain.errors import BeamSearchError, ConstraintError
-from constrain.generation import DEFAULT_MAX_TOKENS, Request
+from constrain.generation import Request
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
 from constrain.tools.calling import ToolCalling, tool_calling
@@ -365,7 +366,7 @@ class _Common(_Body):
             constraint = {"constraint": vllm}
         return Request(
             prompt,
-            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+            max_tokens=max_tokens,
             stop=self.stop,
             n=self.n,
             num_beams=self.beam_width(),

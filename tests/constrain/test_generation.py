@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import constrain
-from constrain.generation import agenerate, astream, generate, stream
+from constrain.generation import agenerate, astream, generate, prompt_ids, stream
 from constrain.models.cost import ForwardCost, cache_keyword
 from constrain.sampler import InvalidSamplingParamsError
 
@@ -70,6 +70,25 @@ def test_max_tokens_and_stop_strings(tiny):
     stopped = generate(tiny, "Once upon a time", max_tokens=30, temperature=0, stop=[cut])
     assert stopped.finish_reason == "stop"
     assert stopped.text == base.text[: base.text.index(cut)]
+
+
+def test_max_tokens_fits_the_context_window(tiny):
+    """``max_tokens=10**12`` ran until the context window was spent (two minutes on SmolLM2), and a constrained
+    output was cut there, its closing budget unaware of the window: now a given ``max_tokens`` beyond the window
+    is refused up front (as OpenAI's and vLLM's servers refuse it), and the default stops where the window ends."""
+    prompt = "word " * 990
+    room = 1024 - len(prompt_ids(tiny, prompt))  # the tiny model's window: 1024 positions
+    assert 16 < room < 64
+    with pytest.raises(ValueError, match=f"max_tokens={room + 1} does not fit.* at most {room} "):
+        generate(tiny, prompt, max_tokens=room + 1)
+    with pytest.raises(ValueError, match="max_tokens=1000000000000 does not fit"):
+        generate(tiny, "Hi", max_tokens=10**12)
+    free = generate(tiny, prompt, max_tokens=room, temperature=0)
+    assert len(free.token_ids) <= room
+    text = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"], "additionalProperties": False}
+    for seed in range(3):  # the random model writes the string until the budget closes it, in the window
+        r = generate(tiny, prompt, schema=text, seed=seed)
+        assert r.valid and len(r.token_ids) <= room and r.finish_reason == "length" and r.closed_early, r
 
 
 def test_batch_n_and_seeds(tiny):

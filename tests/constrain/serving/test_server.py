@@ -195,6 +195,7 @@ def test_completions_endpoint(server):
         ({"logit_bias": {"abc": 1}}, 400, "logit_bias"),
         ({"logit_bias": {"99999999": 1}}, 400, "logit_bias"),
         ({"messages": [{"role": "user", "content": "word " * 1100}]}, 400, "context window"),
+        ({"max_tokens": 10**12}, 400, "max_tokens=1000000000000 does not fit"),  # was run until the window was spent
         ({"n": 0}, 400, "n"),
         ({"model": "gpt-4"}, 404, "gpt-4"),
     ],
@@ -370,7 +371,7 @@ def test_a_client_that_disconnects_is_cancelled(server):
     engine = server.app.state.engine
     conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
     messages = [{"role": "user", "content": "Go on"}]
-    body = {"model": server.model, "stream": True, "messages": messages, "max_tokens": 1000}
+    body = {"model": server.model, "stream": True, "messages": messages, "max_tokens": 900}
     conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
     response = conn.getresponse()
     for line in response:
@@ -379,7 +380,7 @@ def test_a_client_that_disconnects_is_cancelled(server):
     assert engine.running
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    assert engine.wait_idle(timeout=10)  # cancelled: its row left the batch long before 1000 tokens
+    assert engine.wait_idle(timeout=10)  # cancelled: its row left the batch long before 900 tokens
 
 
 def test_concurrent_clients_all_complete_valid(server):
