@@ -30,7 +30,7 @@ def resolve_local(root: Any, ref: str) -> Any:
         raise LookupError(ref)
     node = root
     for raw in ref[2:].split("/"):
-        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        part = unquote(raw).replace("~1", "/").replace("~0", "~") if "%" in raw or "~" in raw else raw
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):

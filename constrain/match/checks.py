@@ -172,6 +172,7 @@ class ValueChecks:
         # ints, which the collector leaves alone (see ``_numbered``)
         self._edges: dict[int, tuple[int, ...]] = {}
         self._parents: dict[int, tuple[int, ...]] | None = None
+        self._targets: dict[str, Any] = {}  # per local reference, what it names (``_target``)
         self._needing = self._find_needing(checked, set(everywhere))
         self._children: dict[tuple[Dnf, str | int], Dnf] = {}
         # the verdicts are keyed by a location's number (``_number``), not the location: a key of atomic
@@ -229,12 +230,17 @@ class ValueChecks:
         return index
 
     def _target(self, node: dict[str, Any]) -> Any:
-        """The subschema ``node["$ref"]`` names, or None (remote, dangling)."""
+        """The subschema ``node["$ref"]`` names, or None (remote, dangling). Memoized per reference (a large
+        schema names a few definitions from hundreds of places)."""
         ref = node.get("$ref")
-        try:
-            return resolve_local(self.root, ref) if isinstance(ref, str) else None
-        except LookupError:
+        if not isinstance(ref, str):
             return None
+        if ref not in self._targets:
+            try:
+                self._targets[ref] = resolve_local(self.root, ref)
+            except LookupError:
+                self._targets[ref] = None
+        return self._targets[ref]
 
     def _find_needing(self, checked: set[tuple[str, str]], everywhere: set[str]) -> frozenset[int]:
         """The subschemas under which some keyword is beyond the grammar (themselves included). Records,
