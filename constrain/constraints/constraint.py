@@ -308,10 +308,27 @@ class PydanticSchemas(GenerateJsonSchema):
     """pydantic's JSON schemas, with a ``Decimal``'s string form spelled as a number
     (``build_decimal_pattern``, ``max_digits`` and ``decimal_places`` included): pydantic's own schema
     lets a decimal be any string, which its validation then refuses, so a model could write
-    ``"price": "cheap"``."""
+    ``"price": "cheap"``.
+
+    A ``Decimal`` with bounds (``ge``, ``gt``, ``le``, ``lt``, ``multiple_of``) is a JSON number alone, held
+    to them: no pattern can hold a string to them (pydantic's string branch would let ``"-5"`` stand for
+    ``Field(ge=0)``). With ``max_digits`` and ``decimal_places`` both, the number is also held below
+    ``10 ** (max_digits - decimal_places)`` in magnitude; its decimal places are checked after generation."""
 
     def get_decimal_pattern(self, schema: Any) -> str | None:
         return self.build_decimal_pattern(schema)
+
+    def decimal_schema(self, schema: Any) -> Any:
+        found = super().decimal_schema(schema)
+        if self.mode != "validation" or all(schema.get(k) is None for k in ("ge", "gt", "le", "lt", "multiple_of")):
+            return found
+        number = dict(found["anyOf"][0])  # pydantic's number branch, with the bounds
+        digits, places = schema.get("max_digits"), schema.get("decimal_places")
+        if digits is not None and places is not None:
+            limit = float(10 ** (digits - places))
+            number["exclusiveMaximum"] = min(number.get("exclusiveMaximum", limit), limit)
+            number["exclusiveMinimum"] = max(number.get("exclusiveMinimum", -limit), -limit)
+        return number
 
 
 def _schema_of_type(tp: Any) -> Any:

@@ -290,3 +290,30 @@ def test_a_decimal_written_as_a_string_is_a_number(smol_tokenizer):
         assert accepts(compiled, smol_tokenizer, text) == valid, text
         if valid:
             Item.model_validate_json(text)
+
+
+def test_a_bounded_decimal_is_a_number_within_its_bounds(smol_tokenizer):
+    """pydantic's string branch of a bounded ``Decimal`` took any number's spelling, ``"-5"`` for ``ge=0`` (which
+    pydantic then refuses): a bounded decimal is now a JSON number, held to its bounds, and with ``max_digits``
+    and ``decimal_places`` to the magnitude they allow."""
+    import decimal
+    from typing import Annotated
+
+    import pydantic
+
+    from constrain.testing import accepts
+
+    class Order(pydantic.BaseModel):
+        price: Annotated[decimal.Decimal, pydantic.Field(ge=0)]
+        share: Annotated[decimal.Decimal, pydantic.Field(max_digits=4, decimal_places=1, lt=500)] = decimal.Decimal(1)
+
+    compiled = constrain.compile(constrain.json_schema(Order), smol_tokenizer)
+    cases = [('{"price": 2.5}', True), ('{"price": "2.5"}', False), ('{"price": "-5"}', False),
+             ('{"price": -5}', False), ('{"price": 0, "share": 499.5}', True), ('{"price": 0, "share": 500}', False),
+             ('{"price": 0, "share": -999.5}', True), ('{"price": 0, "share": -1000}', False)]  # fmt: skip
+    for text, valid in cases:
+        assert accepts(compiled, smol_tokenizer, text) == valid, text
+        if valid:
+            Order.model_validate_json(text)
+    with pytest.raises(pydantic.ValidationError):
+        Order.model_validate_json('{"price": 0, "share": -1000}')  # 5 digits: what the magnitude bound keeps out
