@@ -71,6 +71,20 @@ def test_template_opens_thinking_budget_forces_end_and_answer_is_valid(thinker, 
     assert result.usage.reasoning_tokens >= 24 - 3
 
 
+def test_the_answer_closes_within_what_the_thinking_left_of_the_context_window(thinker):
+    """The answer's budget was ``max_tokens`` whatever the thinking took: past the window's end the output was
+    cut, invalid. It is now cut, where the thinking ends, to what the window still holds."""
+    messages = [{"role": "user", "content": "word " * 1980}]
+    room = 2048 - len(constrain.generation.prompt_ids(thinker, messages))  # the thinker's window: 2048 positions
+    assert 40 < room < 80
+    text = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"], "additionalProperties": False}
+    for seed in range(2):
+        result = constrain.generate(thinker, messages, schema=text, reasoning={"max_tokens": room - 16},
+                                    max_tokens=room, seed=seed, temperature=1.0)  # fmt: skip
+        assert result.valid and result.closed_early and len(result.token_ids) <= room, result
+        assert result.usage.reasoning_tokens >= room - 16 - 3  # the random model thinks until the budget ends it
+
+
 def test_start_tag_is_forced_where_the_prompt_does_not_open_it(tiny):
     result = constrain.generate(tiny, "Question:", regex="(yes|no)", reasoning={"max_tokens": 12}, seed=3,
                                 temperature=1.0)  # fmt: skip
