@@ -249,7 +249,7 @@ def admit(
         return list(handle.tokenizer.encode(text, add_special_tokens=False))
 
     ids = prompt_ids(handle, spec.prompt)
-    max_tokens = answer_budget(spec.max_tokens, len(ids), limit)
+    max_tokens = _answer_budget(spec.max_tokens, len(ids), limit)
     thinking = _thinking(handle, spec, ids, max_tokens, encode)
     out = []
     for k in range(spec.n):
@@ -276,7 +276,7 @@ def admit(
     return out
 
 
-def answer_budget(max_tokens: int | None, prompt_tokens: int, context_window: int) -> int:
+def _answer_budget(max_tokens: int | None, prompt_tokens: int, context_window: int) -> int:
     """The tokens an answer may take: ``max_tokens``, or (None) :data:`DEFAULT_MAX_TOKENS` or what the context
     window leaves after the prompt where that is less. Raises ``ValueError`` where the prompt fills the window,
     or a given ``max_tokens`` does not fit beside it (as OpenAI's and vLLM's servers refuse it: a constrained
