@@ -10,6 +10,7 @@ __all__ = [
     "BudgetError",
     "CompileError",
     "ConstraintError",
+    "ContextWindowError",
     "GrammarError",
     "RegexError",
     "SchemaError",
@@ -112,3 +113,12 @@ class BeamSearchError(ConstraintError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class ContextWindowError(ValueError):
+    """A request the model's context window cannot hold: the prompt fills it (``field`` ``"prompt"``), or
+    ``max_tokens`` does not fit beside the prompt (``field`` ``"max_tokens"``: a server's ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)

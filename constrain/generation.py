@@ -38,7 +38,7 @@ from constrain.decode.reasoning import Reasoning, Thinking, prompt_opens, reason
 from constrain.decode.request import InFlight
 from constrain.decode.speculative import Proposer
 from constrain.decode.stopping import StopText
-from constrain.errors import BeamSearchError
+from constrain.errors import BeamSearchError, ContextWindowError
 from constrain.models.cost import ForwardCost
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
@@ -278,18 +278,20 @@ def admit(
 
 def _answer_budget(max_tokens: int | None, prompt_tokens: int, context_window: int) -> int:
     """The tokens an answer may take: ``max_tokens``, or (None) :data:`DEFAULT_MAX_TOKENS` or what the context
-    window leaves after the prompt where that is less. Raises ``ValueError`` where the prompt fills the window,
-    or a given ``max_tokens`` does not fit beside it (as OpenAI's and vLLM's servers refuse it: a constrained
-    output's closing budget must know where it ends)."""
+    window leaves after the prompt where that is less. Raises :class:`ContextWindowError` (a ``ValueError``)
+    where the prompt fills the window, or a given ``max_tokens`` does not fit beside it (as OpenAI's and vLLM's
+    servers refuse it: a constrained output's closing budget must know where it ends)."""
     room = context_window - prompt_tokens
     if room < 1:
-        raise ValueError(f"the prompt has {prompt_tokens} tokens; the model's context window is {context_window}")
+        message = f"the prompt has {prompt_tokens} tokens; the model's context window is {context_window}"
+        raise ContextWindowError("prompt", message)
     if max_tokens is None:
         return min(DEFAULT_MAX_TOKENS, room)
     if max_tokens > room:
-        raise ValueError(
+        raise ContextWindowError(
+            "max_tokens",
             f"max_tokens={max_tokens} does not fit: the prompt has {prompt_tokens} tokens and the model's context "
-            f"window is {context_window}, so at most {room} can follow it"
+            f"window is {context_window}, so at most {room} can follow it",
         )
     return max_tokens
 

@@ -36,7 +36,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from constrain.decode.request import InFlight
-from constrain.errors import BudgetError, ConstraintError, ReasoningError
+from constrain.errors import BudgetError, ConstraintError, ContextWindowError, ReasoningError
 from constrain.generation import Request, admit, admit_beam_search
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
@@ -112,6 +112,8 @@ def _body_param(loc: Sequence[int | str], body: Any, *, missing: bool) -> str | 
 def _param(err: Exception, body: ChatCompletionRequest | CompletionRequest) -> str | None:
     """The field of ``body`` an admission error is about: the one it names, else ``max_tokens`` where no
     output fits, else the constraint's field (the first given) for an error in the constraint."""
+    if isinstance(err, ContextWindowError) and err.field == "prompt":
+        return "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     if field := getattr(err, "field", None):
         return str(field)
     if isinstance(err, BudgetError):

@@ -258,6 +258,11 @@ def test_a_field_that_would_do_nothing_is_refused_by_name(server, path, fields, 
         ("/v1/chat/completions", {"structured_outputs": {"json": BAD_SCHEMA}}, "structured_outputs.json",
          "invalid JSON Schema"),
         ("/v1/completions", {"regex": "a("}, "regex", "invalid regex"),
+        ("/v1/chat/completions", {"max_tokens": 10**5}, "max_tokens", "does not fit"),  # was null
+        ("/v1/completions", {"max_tokens": 10**5}, "max_tokens", "does not fit"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 1100}]}, "messages",
+         "context window"),  # was null
+        ("/v1/completions", {"prompt": "word " * 1100}, "prompt", "context window"),
         ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
             "name": "p", "schema": BAD_SCHEMA}}}, "response_format.json_schema.schema", "invalid JSON Schema"),
     ],
