@@ -43,6 +43,8 @@ from constrain.models.cost import ForwardCost
 from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from constrain.sampler import InvalidSamplingParamsError, SamplingParams
+from constrain.tools.formats import tool_format
+from constrain.tools.prompts import render_prompt
 
 __all__ = [
     "ChatOptions",
@@ -91,6 +93,11 @@ def resolve_constraint(
     return constraint
 
 
+def _calls(message: dict[str, Any]) -> bool:
+    """Whether a chat message is an assistant's tool calls (its content may then be left out)."""
+    return message.get("role") == "assistant" and bool(message.get("tool_calls"))
+
+
 def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
     """The token ids ``prompt`` feeds the model: a string encoded (an empty one: the BOS token alone), or chat
     messages through the chat template."""
@@ -102,10 +109,15 @@ def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
         if not ids:
             raise ValueError(f"the prompt is empty, and {handle.name}'s tokenizer has no BOS token to start from")
         return ids
-    if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+    if not prompt or not all(isinstance(m, dict) and "role" in m and ("content" in m or _calls(m)) for m in prompt):
         raise ValueError("a prompt is a string or a non-empty list of {'role': ..., 'content': ...} messages")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"{handle.name} has no chat template: pass the prompt as a string")
+    if any(m["role"] == "tool" or _calls(m) for m in prompt):
+        # a conversation that called tools, continued without them: its calls and their results written as a
+        # prompt with tools writes them (a template may know no tool messages, nor an assistant's calls)
+        format = tool_format(handle.name)
+        return prompt_ids(handle, render_prompt(handle, prompt, tools=(), choice="none", multiple=False, format=format))
     text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

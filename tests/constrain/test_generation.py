@@ -91,6 +91,23 @@ def test_max_tokens_fits_the_context_window(tiny):
         assert r.valid and len(r.token_ids) <= room and r.finish_reason == "length" and r.closed_early, r
 
 
+def test_a_conversation_that_called_tools_goes_on_without_them(tiny):
+    """The agent's last turn (a tool's result sent back, ``tools`` left out) failed in the chat template
+    (``UndefinedError``, a 500 on the server): the calls and results are now written as a prompt with tools
+    writes them, and the reply is generated."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    for assistant in ({"role": "assistant", "tool_calls": [call]}, {"role": "assistant", "content": None,
+                                                                     "tool_calls": [call]}):  # fmt: skip
+        messages = [{"role": "user", "content": "Weather in Paris?"}, assistant,
+                    {"role": "tool", "tool_call_id": "c1", "content": "22C"}]  # fmt: skip
+        text = tiny.tokenizer.decode(prompt_ids(tiny, messages))
+        calls = text[text.index("<tool_call>") : text.index("</tool_call>")]  # in the model's tool format
+        assert '"name": "get_weather"' in calls and '"arguments": {"city": "Paris"}' in calls
+        assert text.endswith("<tool_response>\n22C\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        r = generate(tiny, messages, max_tokens=5, seed=0)
+        assert len(r.token_ids) == 5 and r.finish_reason == "length"
+
+
 def test_batch_n_and_seeds(tiny):
     results = generate(tiny, ["A:", "Bb:", [{"role": "user", "content": "hi"}]], schema=SMALL, max_tokens=64, seed=5)
     assert len(results) == 3 and all(r.valid for r in results)

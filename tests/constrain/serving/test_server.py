@@ -209,6 +209,15 @@ def test_bad_requests_get_openai_errors(server, kwargs, status, needle):
     assert needle in error["message"] and error["type"] == "invalid_request_error", error
 
 
+def test_a_tool_result_sent_back_without_tools_gets_a_reply(server):
+    """The agent's last turn, ``tools`` left out: was a 500 (the chat template knew no tool messages)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "22C"}]  # fmt: skip
+    r = server.client.chat.completions.create(model=server.model, messages=messages, max_tokens=6, seed=1)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
+
+
 def test_json_schema_without_schema_returns_a_json_object(server):
     """Issue 28: it got any JSON value (a quoted sentence from a chat model); now ``json_object``'s constraint."""
     fmt = {"type": "json_schema", "json_schema": {"name": "answer"}}
