@@ -177,6 +177,10 @@ class ToolCallParser:
         """The name of the call whose arguments are being written, else None."""
         return self._calls[-1][1] if self._state == "arguments" else None
 
+    def open_arguments(self) -> str:
+        """The text of the arguments being written so far ("" where no call's are)."""
+        return self._arguments[-1] if self._state == "arguments" else ""
+
     def result(self) -> ParsedReply:
         """The parsed reply (after :meth:`finish`), arguments validated."""
         if not self._finished:

@@ -13,16 +13,22 @@ loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies th
   a value), the text the grammar forces after the token counts too. So the separator that could only
   lead to the same call again (the one tool, without arguments) is forbidden and the end of the
   calls stays open; so is a name whose arguments are all forced.
+- Where the mask is wide (a string being written in a call of a tool called before), the tokens that
+  may close the arguments are tried (those holding a ``"`` and a ``}``), and so are the tokens that
+  close the string with a value some earlier call of that tool holds, each with the text the grammar
+  forces after it: so the last string of a call cannot repeat an earlier call through the ``}`` forced
+  after it.
 - Inside forced text nothing is filtered (nothing can be avoided there), and a filter that would leave
   no token forbids nothing: the reply never reaches a dead end. What the filter cannot see it lets
   through: a started call whose every continuation repeats an earlier one through a choice (an enum
-  whose values were all used), or through text forced after a wide mask (a string at its
-  ``maxLength``), is written.
+  whose values were all used), or through text forced after a wide mask where it ends a value other
+  than a string (a number written at the end of a bound), is written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,12 +61,15 @@ class CallParser(Protocol):
 
     def open_call(self) -> str | None: ...
 
+    def open_arguments(self) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Pieces:
     raw: tuple[bytes, ...]  # per token id, its bytes
     skip: frozenset[int]  # special and EOS tokens: never filtered
     closers: np.ndarray  # [n] int64: the ids of the tokens whose text holds a '"' and a "}"
+    quoted: np.ndarray  # [m] int64: the ids of the tokens whose text holds a '"'
 
 
 @bounded("tools.repeats.pieces", maxsize=TOKENIZERS_KEPT)
@@ -68,8 +77,13 @@ def _pieces(info: TokenizerInfo) -> _Pieces:
     texts = token_texts(info)  # shared: reading the vocabulary out of the engine takes ~0.6 s
     raw = texts.pieces
     skip = texts.special | frozenset(info.eos_token_ids)
-    closers = np.array([t for t, piece in enumerate(raw) if b'"' in piece and b"}" in piece], dtype=np.int64)
-    return _Pieces(raw, skip, closers)
+    quoted = np.array([t for t, piece in enumerate(raw) if b'"' in piece], dtype=np.int64)
+    closers = np.array([t for t in quoted.tolist() if b"}" in raw[t]], dtype=np.int64)
+    return _Pieces(raw, skip, closers, quoted)
+
+
+_OPEN_STRING = re.compile(r'"(?:[^"\\]|\\.)*\Z', re.DOTALL)
+"""The JSON string being written at the end of a call's arguments, from its opening quote."""
 
 
 def _key(name: str, arguments: str) -> tuple[str, str]:
@@ -124,15 +138,18 @@ class RepeatedCallFilter:
         allowed = np.count_nonzero(bits)
         pieces = _pieces(self.tokenizer)
         if allowed <= LOOKAHEAD:
-            candidates, lookahead = np.flatnonzero(bits), True
+            tries = [(token, True) for token in np.flatnonzero(bits).tolist()]
         else:
             name = parser.open_call()
-            if name is None or all(name != called for called, _ in seen):
+            earlier = [arguments for called, arguments in seen if called == name]
+            if not earlier:
                 return False
-            candidates, lookahead = pieces.closers[bits[pieces.closers]], False
+            tries = [(token, False) for token in pieces.closers[bits[pieces.closers]].tolist()]
+            quoted = pieces.quoted[bits[pieces.quoted]]  # [k] int64: allowed tokens holding a '"'
+            tries += [(token, True) for token in _closing_seen_strings(parser, earlier, pieces, quoted)]
         banned = [
             token
-            for token in candidates.tolist()
+            for token, lookahead in tries
             if token < len(pieces.raw)
             and token not in pieces.skip
             and self._repeats(parser, len(done), seen, matcher, pieces.raw[token], token, lookahead)
@@ -177,3 +194,34 @@ class RepeatedCallFilter:
                 return True
             keys.add(key)
         return False
+
+
+def _closing_seen_strings(
+    parser: CallParser,
+    earlier: list[str],
+    pieces: _Pieces,
+    # [k] int64: allowed token ids whose text holds a '"'
+    quoted: np.ndarray,
+) -> list[int]:
+    """The ``quoted`` tokens that would close the string being written in the open call's arguments with a
+    value one of the ``earlier`` arguments (canonical JSON text, :func:`_key`) holds: what a repeat of an
+    earlier call needs (tried with the forced text after them); tokens sharing their text up to the quote
+    are judged once."""
+    open_string = _OPEN_STRING.search(parser.open_arguments())
+    if open_string is None:
+        return []
+    verdicts: dict[bytes, bool] = {}
+    found = []
+    for token in quoted.tolist():
+        head = pieces.raw[token].split(b'"', 1)[0]
+        if head not in verdicts:
+            try:
+                value = json.loads(open_string[0] + head.decode(errors="replace") + '"')
+            except ValueError:  # the quote is escaped, or the text is no string
+                verdicts[head] = False
+            else:
+                literal = json.dumps(value, ensure_ascii=False)
+                verdicts[head] = any(literal in arguments for arguments in earlier)
+        if verdicts[head]:
+            found.append(token)
+    return found

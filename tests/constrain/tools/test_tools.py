@@ -274,6 +274,22 @@ def test_the_mask_forbids_completing_a_call_identical_to_an_earlier_one(smol_tok
     assert ids("ping") not in names and ids("add") in names
 
 
+def test_a_string_closed_before_a_forced_brace_cannot_repeat_a_call(smol_tokenizer):
+    """A call's last argument a string: the ``"`` that closes it leaves ``}`` forced, where the filter does not
+    act, so ``lookup(city="Paris")`` was written twice (greedy SmolLM2 wrote ``get_weather("Marlo Lopez")``
+    twice). A token closing the string with a value an earlier call holds is now tried with its forced text."""
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    grammar = constrain.tool_calling([lookup], tool_choice="required", format="smollm2").constraint()
+    quote = _token(smol_tokenizer, '"')
+    second = (
+        '<tool_call>[{"name": "lookup", "arguments": {"city": "Paris"}}, {"name": "lookup", "arguments": {"city": "'
+    )
+    assert quote not in _allowed_after(grammar, smol_tokenizer, second + "Paris")  # Paris again: forbidden
+    assert quote in _allowed_after(grammar, smol_tokenizer, second + "Pari")  # Pari: another call
+    assert quote in _allowed_after(grammar, smol_tokenizer, second + "Rome")
+
+
 def test_when_only_a_repeat_could_follow_the_calls_end(smol_tokenizer):
     """The filter looks through the text the grammar forces: the separator is forbidden, the end is not."""
     grammar = constrain.tool_calling([PING], tool_choice="required", format="smollm2").constraint()
