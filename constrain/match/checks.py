@@ -187,6 +187,7 @@ class ValueChecks:
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._string_bounds: dict[Dnf, int | None] = {}  # per location, ``string_bound``
+        self._admits: dict[tuple[Dnf, str], bool] = {}  # per location and JSON type, ``admits``
         self._key_names: dict[Dnf, Names] = {}  # per location, ``key_names``
         self._location_flags: dict[Dnf, tuple[bool, bool, bool, bool]] = {}  # per location, ``_flags``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
@@ -505,6 +506,20 @@ class ValueChecks:
             self._verdicts[key] = verdict
         return verdict
 
+    def admits(self, location: Dnf, kind: str) -> bool:
+        """Whether a value of JSON type ``kind`` ("string", "number", "boolean", "null", "array" or "object")
+        may be valid at ``location``, as the ``type``, ``const`` and ``enum`` of its subschemas say: False
+        only where each alternative has a subschema that rules the type out (a value that cannot be valid,
+        refused where it begins). Memoized per location and type."""
+        key = (location, kind)
+        found = self._admits.get(key)
+        if found is None:
+            found = any(all(_admits(self.nodes[index], kind) for index in alternative) for alternative in location)
+            if len(self._admits) >= MEMO_ENTRIES:
+                self._admits.clear()
+            self._admits[key] = found
+        return found
+
     def string_bound(self, location: Dnf) -> int | None:
         """The most characters a string at ``location`` may hold, where its ``maxLength`` is beyond the
         grammar (checked as the string is written: :mod:`constrain.match.lengths`): the largest that any
@@ -807,6 +822,30 @@ class _SearchPattern:
     def validate(self, instance: Any) -> None:
         if isinstance(instance, str) and self.pattern.search(instance) is None:
             raise ValueError(f"{instance!r} does not match {self.pattern.pattern!r}")
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of a value as :meth:`ValueChecks.admits` names it (an integer is a "number")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"
+
+
+def _admits(node: dict[str, Any], kind: str) -> bool:
+    """Whether ``node``'s own ``type``, ``const`` and ``enum`` let a value of JSON type ``kind`` be valid."""
+    types = node.get("type")
+    if isinstance(types, str):
+        types = [types]
+    if isinstance(types, list) and kind not in types and not (kind == "number" and "integer" in types):
+        return False
+    if "const" in node and _kind(node["const"]) != kind:
+        return False
+    values = node.get("enum")
+    return not isinstance(values, list) or any(_kind(value) == kind for value in values)
 
 
 @bounded("match.checks.multiple_of", maxsize=16)

@@ -2,7 +2,8 @@
 
 :func:`greedy_closing` walks one path: take the forced text; else the first of the :data:`PRIORITY
 <constrain.match.vocab.PRIORITY>` characters (close strings and containers first, then the shortest
-values) and the constraint's hints that does not lead into a dead end of the value checks; where it
+values) and the constraint's hints (those that make the string being written a whole value first) that does
+not lead into a dead end of the value checks; where it
 writes one character again and again (free text, or a loop), look for a token that leads elsewhere
 (``_escape``). It is the fallback of :func:`~constrain.match.closing.completion` when the search
 finds nothing within its bound, and the cheap check the :class:`~constrain.match.budget.Budget`
@@ -186,7 +187,11 @@ def greedy_closing(
         # array holds "a" already); where a string cannot close yet, the constraint's own examples before
         # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
         keys = _key_moves(out, names - written, vocab)
-        pick, tries = _first_move(probe, [ids for _, ids in keys] + moves, bitmask, tries)
+        pick, tries = _first_move(probe, [ids for _, ids in keys] + moves[:1], bitmask, tries)
+        if pick is None:  # the hints that make the string a whole value first (a duration's, not an e-mail's)
+            whole = [ids for ids in hints if _closes(probe, ids, moves[0], bitmask)]
+            rest = [ids for ids in hints if ids not in whole] + moves[1 + len(hints) :]
+            pick, tries = _first_move(probe, whole + rest, bitmask, tries)
         written.update(name for name, ids in keys if ids == pick)
         if pick is None and tries > 0:
             probe.fill_next_token_bitmask(bitmask)
@@ -214,6 +219,21 @@ def _key_moves(out: list[int], names: frozenset[bytes], vocab: ClosingVocab) -> 
         return []
     moves = ((name, vocab.cover(name + b'"', 0)[0]) for name in sorted(names))
     return [(name, ids) for name, ids in moves if ids]
+
+
+def _closes(
+    probe: Matcher,
+    ids: list[int],
+    quote: list[int],
+    # [1, ceil(V / 32)] int32, on the CPU; overwritten
+    bitmask: torch.Tensor,
+) -> bool:
+    """Whether ``probe`` can go on after ``ids`` then ``quote`` (a hint that is a whole value of the string
+    being written: its value checks take it). Leaves ``probe`` as it was."""
+    taken = probe.accept_tokens(ids)
+    closed = taken == len(ids) and _advance(probe, quote, bitmask)
+    probe.rollback(taken + (len(quote) if closed else 0))
+    return closed
 
 
 def _first_move(

@@ -89,7 +89,11 @@ class Checks(Protocol):
 
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool: ...
 
+    def needs(self, location: Dnf) -> bool: ...
+
     def number_viable(self, location: Dnf, text: bytes) -> bool: ...
+
+    def admits(self, location: Dnf, kind: str) -> bool: ...
 
     def number_checked(self, location: Dnf) -> bool: ...
 
@@ -100,6 +104,15 @@ class Checks(Protocol):
 
 # -- the scanner ------------------------------------------------------------------------------
 _NUMBER_START = frozenset(bytes((c,)) for c in b"-0123456789")
+_SCALAR_KINDS = {b"t": "boolean", b"f": "boolean", b"n": "null"}
+"""The JSON type of a scalar by its first byte (else a number)."""
+_FIRST_KINDS = {
+    b'"': "string", b"t": "boolean", b"f": "boolean", b"n": "null", b"[": "array", b"{": "object",
+    **{bytes((c,)): "number" for c in b"-0123456789"},
+}  # fmt: skip
+"""The JSON type of a value by its first byte."""
+_BEGUN = frozenset({IN_STRING, STRING_ESCAPE, SCALAR})
+"""The scanner's modes inside a string or scalar value: its type is known from its start."""
 
 
 @dataclass(slots=True)
@@ -143,6 +156,8 @@ class _Values:
     def open(self, is_object: bool) -> None:
         checks, stack = self.checks, self.stack
         location = _location(checks, stack)
+        if self.strict and checks.needs(location) and not checks.admits(location, "object" if is_object else "array"):
+            raise _Violation  # no container of this kind can be valid here
         parent = stack[-1] if stack else None
         checked = checks.must_check(location) or checks.grows_checked(location)
         watched = checked or (parent is not None and parent.watched)
@@ -291,6 +306,8 @@ class ValueState:
             scan, read = self.scan.feed_value(data, values) if stop else (self.scan.feed(data, values), len(data))
         except (_Violation, JsonSyntaxError):
             return None, 0
+        if strict and scan.mode in _BEGUN and not self._may_begin(scan, values.stack):
+            return None, 0  # a string or scalar begun where no value of its type can be valid
         if (
             strict
             and scan.mode == SCALAR
@@ -303,6 +320,32 @@ class ValueState:
         if (strict and after._too_long()) or (self.key_vocab is not None and after._stalls(values.known_names())):
             return None, 0
         return after, read
+
+    def _refused_kinds(self) -> frozenset[bytes]:
+        """At a value's start: the first bytes of the values (a ``"``, a digit, ``t``...) whose JSON type the
+        location admits in no alternative (:meth:`Checks.admits`); empty where the grammar is exact there."""
+        memo = self._memo  # (a function of the stack and the mode, as the candidates are)
+        if "refused" not in memo:
+            checks = self.checks
+            location = _location(checks, self.stack)
+            refused = frozenset(
+                first
+                for first, kind in _FIRST_KINDS.items()
+                if checks.needs(location) and not checks.admits(location, kind)
+            )
+            memo["refused"] = refused
+        return memo["refused"]  # type: ignore[no-any-return]
+
+    def _may_begin(self, scan: JsonScan, stack: tuple[_Frame, ...]) -> bool:
+        """Whether the string or scalar ``scan`` is writing (under ``stack``) has a type its location admits
+        (:meth:`Checks.admits`; asked where the grammar is not exact there)."""
+        checks = self.checks
+        location = _location(checks, stack)
+        if not checks.needs(location):
+            return True
+        first = scan.text[:1]
+        kind = "string" if scan.mode != SCALAR else _SCALAR_KINDS.get(first, "number")
+        return checks.admits(location, kind)
 
     def _unread(self) -> bool:
         """Whether the text of the string value being written is read by no check: its location is not
@@ -411,7 +454,9 @@ class ValueState:
                 found = vocab.quote if stack and checks.grows_checked(stack[-1].location) else vocab.key_end
             else:
                 found = vocab.value_end
-                if here and mode in VALUE_MODES and checks.number_checked(_location(checks, stack)):
+                if mode in VALUE_MODES and self._refused_kinds():  # a value of some type refused where it begins
+                    found = vocab.value_begin
+                elif here and mode in VALUE_MODES and checks.number_checked(_location(checks, stack)):
                     found = vocab.value_end_numeric
             self._memo["candidates"] = found, here
         return self._memo["candidates"]  # type: ignore[no-any-return]
@@ -573,8 +618,12 @@ class ValueState:
         elif self.stack and mode in OUTSIDE:
             inert_from = mode
         in_object = bool(self.stack) and self.stack[-1].is_object
-        parts = self.vocab.parts
+        parts, texts = self.vocab.parts, self.vocab.texts
+        refused = self._refused_kinds() if mode in VALUE_MODES else frozenset()
         for token in tokens:
+            if refused and texts[token].lstrip(b" \t\n\r")[:1] in refused:
+                found.append(token)  # a value of a type refused here begins: no scan needed
+                continue
             escaped, head, rest = parts(token, splits)  # (an escape in a string's text: all of it is the head)
             if inert_from is not None and not escaped and _inert(rest, inert_from, in_object):
                 continue
@@ -640,6 +689,12 @@ class _Completions:
 
     def accepts(self, location: Dnf, value: Any, *, prefix: bool = False) -> bool:
         return False
+
+    def needs(self, location: Dnf) -> bool:
+        return False  # (a value begun completes nothing)
+
+    def admits(self, location: Dnf, kind: str) -> bool:
+        return True
 
     def number_viable(self, location: Dnf, text: bytes) -> bool:
         return False

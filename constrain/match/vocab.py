@@ -46,7 +46,7 @@ __all__ = [
 TOKENIZERS_KEPT = 8
 """Tokenizers whose tables each cache keeps (least recently used dropped): a table holds every token's bytes."""
 
-PRIORITY = '"a}]),0123456789[{ntf:-.eE '
+PRIORITY = '"a}]),0123456789ntf[{:-.eE '
 """The characters a closing tries first: close a string, else fill it (``a`` is allowed only inside
 strings in JSON); close containers and numbers; then the shortest values. Both the search's move
 order (:attr:`ClosingVocab.rank`) and the greedy closing follow it."""
@@ -287,6 +287,7 @@ LENGTH_TAILS = 64
 _CLOSERS = np.frombuffer(b",]}", dtype=np.uint8)
 _WHITESPACE = np.frombuffer(b" \t\n\r", dtype=np.uint8)
 _NUMBER_STARTS = np.frombuffer(b"-.0123456789", dtype=np.uint8)
+_VALUE_STARTS = np.frombuffer(b'"-0123456789tfn[{', dtype=np.uint8)
 _SPACES = re.compile(rb"[ \t\n\r]+")  # a whitespace run (``ValueVocab.parts``)
 
 
@@ -305,6 +306,7 @@ class ValueVocab:
     numeric: np.ndarray  # [n] int64: a '-', '.' or digit first, after any whitespace (start or extend a number)
     spaced_numeric: np.ndarray  # [sn] int64: ``spaced`` or ``numeric`` (in a number under check)
     value_end_numeric: np.ndarray  # [en] int64: ``value_end`` or ``numeric`` (where a number under check may start)
+    value_begin: np.ndarray  # [b] int64: ``value_end`` or a value's first byte first, after any whitespace
     # per id(table) of the tables above, ``[V]`` bytes of 0 or 1: whether the table holds a token, in O(1)
     members: dict[int, bytes] = field(init=False, repr=False, compare=False)
     # per id(table), ``[ceil(V / 32)]`` uint32: the table as bitmask words (a row's members counted at once)
@@ -411,6 +413,8 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
     has_lead = lead < vocab.starts + vocab.lengths  # [V]
     numeric = np.zeros(len(vocab.texts), dtype=bool)
     numeric[has_lead] = np.isin(data[lead[has_lead]], _NUMBER_STARTS)
+    begins = np.zeros(len(vocab.texts), dtype=bool)
+    begins[has_lead] = np.isin(data[lead[has_lead]], _VALUE_STARTS)
     quote = quote > 0
 
     def ids(test: np.ndarray) -> np.ndarray:  # [V] bool -> [n] int64
@@ -427,4 +431,5 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
         numeric=ids(numeric),
         spaced_numeric=ids(spaced | numeric),
         value_end_numeric=ids(end | numeric),
+        value_begin=ids(end | begins),
     )

@@ -8,6 +8,7 @@ on random schemas, on random token walks, and identically on a slow machine and 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -289,3 +290,23 @@ def test_a_token_that_writes_other_characters_than_the_path_keeps_its_shifted_re
     monkeypatch.setattr("constrain.match.budget.completion", lambda *a, **k: pytest.fail("searched"))
     assert budget.vet(token, 40) == token
     assert smol_tokenizer.decode(budget.plan) == before[len(piece) :]
+
+
+def test_a_recursive_optional_model_closes_in_both_modes(smol_tokenizer):
+    """``parent: Optional[Node]`` (with an e-mail and a duration): every max_tokens gave "no valid output fits"
+    (from the server, with the openai SDK's ``parse``). The greedy closing opened ``parent`` as an object (tried
+    before null) and recursed, or as a string the value checks refused only once complete, and took the e-mail's
+    example for the duration."""
+    from test_values import TREE
+
+    from constrain.match.budget import Budget
+
+    encode = functools.partial(smol_tokenizer.encode, add_special_tokens=False)
+    strict = {**TREE["$defs"]["Node"], "additionalProperties": False, "$defs": TREE["$defs"]}  # the SDK's form
+    for schema in (TREE, strict):
+        for mode in ("generation", "specification"):
+            compiled = constrain.compile(constrain.json_schema(schema, mode=mode), smol_tokenizer)
+            plan = Budget(compiled.matcher(), encode, 40, initial=True).plan
+            value = json.loads(smol_tokenizer.decode(plan))
+            jsonschema.validate(value, TREE)
+            assert value["parent"] is None, (mode, value)

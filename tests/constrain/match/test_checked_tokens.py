@@ -332,7 +332,7 @@ def test_grouped_scans_agree_on_hand_written_texts(smol_tokenizer):
     assert matcher.accept_string('{"a": "x')
     texts = [b'"', b'"}', b'\\\\"}', b'\\\\"', b'\\"}', b'\\"y"}', b'x"', b'"\\', b'",  "', b'"  }', b"a", b'y"}']
     empty = np.zeros(0, dtype=np.int64)  # [0]: tables _violations does not read
-    vocab = ValueVocab(texts, *([empty] * 9))
+    vocab = ValueVocab(texts, *([empty] * 10))
     state = dataclasses.replace(matcher._values.state, vocab=vocab)
     tokens = list(range(len(texts)))
     refused = state._violations(tokens)

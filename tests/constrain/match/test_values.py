@@ -485,3 +485,32 @@ def test_a_check_that_raises_refuses(smol_tokenizer, monkeypatch, caplog):
     monkeypatch.setattr(checks, "_verdicts", {})
     assert not accepts(compiled, smol_tokenizer, "[3, 4]")
     assert checks.errors > 0 and "refused" in caplog.text
+
+
+TREE = {
+    "$defs": {"Node": {"type": "object", "required": ["s", "email", "dur", "parent"], "properties": {
+        "s": {"type": "string"}, "email": {"type": "string", "format": "email"},
+        "dur": {"type": "string", "format": "duration"},
+        "parent": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}}}},
+    "$ref": "#/$defs/Node",
+}  # fmt: skip
+"""A Pydantic model with an ``Optional`` parent of its own type (what ``model_json_schema`` writes)."""
+
+
+def test_a_value_of_a_type_its_place_refuses_is_refused_where_it_begins(smol_tokenizer):
+    """In specification mode an open object's grammar lets a declared key's value be any JSON value: the value
+    checks refused a wrong one only once complete, so a string begun for ``parent`` (an object or null) could
+    never end, and the closing found no way out. A value whose JSON type no alternative admits is refused at
+    its first token."""
+    from constrain.match.bitmask import allocate_token_bitmask, allowed_ids
+
+    compiled = constrain.compile(constrain.json_schema(TREE, mode="specification"), smol_tokenizer)
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"s":"","email":"a@b.cd","dur":"P1D","parent":')
+    bitmask = allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    allowed = {smol_tokenizer.decode([t]) for t in allowed_ids(bitmask[0], compiled.vocab_size)}
+    assert {"n", "{", " n", " {"} <= allowed and not allowed & {'"', "0", "[", "t", " true", ' "'}, sorted(allowed)
+    for text, valid in (('"x"', False), ("1", False), ("[]", False), ("true", False), ("null", True)):
+        probe = compiled.matcher()
+        assert (probe.accept_string('{"s":"","email":"a@b.cd","dur":"P1D","parent":' + text + "}")) == valid, text
