@@ -34,7 +34,7 @@ from constrain.constraints.schema_refs import pointer_token, resolve_local
 from constrain.constraints.schema_rewrites import ANNOTATIONS
 from constrain.errors import UnsatisfiableSchemaError
 
-__all__ = ["contradiction", "draft_of", "implies", "vocabulary"]
+__all__ = ["contradiction", "draft_of", "implies", "json_kind", "vocabulary"]
 
 _KINDS = ("null", "boolean", "object", "array", "string", "number")
 """JSON's value kinds (``integer`` is a ``number`` with no fraction)."""
@@ -422,7 +422,8 @@ def _literal(
     return None
 
 
-def _kind_of(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """The JSON type of a Python value as JSON Schema's ``type`` names it ("number" for an integer too)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -442,14 +443,14 @@ def _same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if _kind_of(a) != _kind_of(b):
+    if json_kind(a) != json_kind(b):
         return False
     return bool(a == b)
 
 
 def _fails(value: Any, node: dict[str, Any], known: frozenset[str], kinds: set[str], integral: bool) -> str | None:
     """Why ``value`` breaks one of ``node``'s type, bounds and counts (None where it keeps them)."""
-    kind = _kind_of(value)
+    kind = json_kind(value)
     if kind not in kinds:
         return f"{_text(value)} is not of type {_text(node.get('type'))}"
     if kind == "number":

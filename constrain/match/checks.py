@@ -58,6 +58,7 @@ from constrain.constraints.formats import FORMATS, format_status
 from constrain.constraints.schema import CoverageEntry, subschemas
 from constrain.constraints.schema_refs import resolve_local
 from constrain.constraints.schema_rewrites import says_what_else
+from constrain.constraints.schema_unsatisfiable import json_kind
 from constrain.match.embedded import CallValues
 from constrain.match.keys import Names, written_forms
 from constrain.match.numbers import NumberBounds, bounds_of, viable_under
@@ -824,17 +825,6 @@ class _SearchPattern:
             raise ValueError(f"{instance!r} does not match {self.pattern.pattern!r}")
 
 
-def _kind(value: Any) -> str:
-    """The JSON type of a value as :meth:`ValueChecks.admits` names it (an integer is a "number")."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return "string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"
-
-
 def _admits(node: dict[str, Any], kind: str) -> bool:
     """Whether ``node``'s own ``type``, ``const`` and ``enum`` let a value of JSON type ``kind`` be valid."""
     types = node.get("type")
@@ -842,10 +832,10 @@ def _admits(node: dict[str, Any], kind: str) -> bool:
         types = [types]
     if isinstance(types, list) and kind not in types and not (kind == "number" and "integer" in types):
         return False
-    if "const" in node and _kind(node["const"]) != kind:
+    if "const" in node and json_kind(node["const"]) != kind:
         return False
     values = node.get("enum")
-    return not isinstance(values, list) or any(_kind(value) == kind for value in values)
+    return not isinstance(values, list) or any(json_kind(value) == kind for value in values)
 
 
 @bounded("match.checks.multiple_of", maxsize=16)
