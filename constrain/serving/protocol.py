@@ -45,6 +45,8 @@ Decisions, where OpenAI's API leaves room:
   default backend (xgrammar, strict mode) closes them. ``guided_decoding_backend`` is taken as
   ``"auto"`` only (one backend here); the whitespace patterns and structural tags are refused
   (:data:`REFUSED_FIELDS`).
+- ``seed`` is OpenAI's signed 64-bit integer; a negative seed is used modulo ``2**63`` (the sampler's seeds are
+  63-bit), so ``-1`` gives the same output as ``2**63 - 1``.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256, or what the model's context window leaves
   after the prompt where that is less; more than that is a 400 naming ``max_tokens``. ``temperature`` defaults to 1.
 - ``use_beam_search`` (vLLM's name) runs a beam search of width ``best_of`` (default ``n``, at least
@@ -252,7 +254,7 @@ class _Common(_Body):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # OpenAI's: a signed 64-bit integer
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=64)
     stream: bool = False
@@ -342,6 +344,8 @@ class _Common(_Body):
         fields = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "seed")  # fmt: skip
         out = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+        if self.seed is not None and self.seed < 0:
+            out["seed"] = self.seed % 2**63  # the sampler's seeds are 63-bit: a negative one stands for its residue
         if self.logit_bias:
             try:
                 out["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}

@@ -156,6 +156,15 @@ def test_streaming_matches_the_whole_response(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
 
 
+def test_a_negative_seed_is_openais_and_reproducible(server):
+    """OpenAI's seed is a signed 64-bit integer: ``seed=-1`` was a 400. It is the seed ``2**63 - 1``."""
+    runs = [server.client.completions.create(model=server.model, prompt="One", max_tokens=8, seed=seed, temperature=1)
+            for seed in (-1, -1, 2**63 - 1)]  # fmt: skip
+    assert runs[0].choices[0].text == runs[1].choices[0].text == runs[2].choices[0].text
+    with pytest.raises(openai.BadRequestError, match="seed"):
+        server.client.completions.create(model=server.model, prompt="One", max_tokens=2, seed=2**63)
+
+
 def test_completions_endpoint(server):
     r = server.client.completions.create(model=server.model, prompt=["One", "Two"], max_tokens=6, n=2, seed=4,
                                          logprobs=1)  # fmt: skip
