@@ -45,6 +45,8 @@ Decisions, where OpenAI's API leaves room:
   default backend (xgrammar, strict mode) closes them. ``guided_decoding_backend`` is taken as
   ``"auto"`` only (one backend here); the whitespace patterns and structural tags are refused
   (:data:`REFUSED_FIELDS`).
+- A ``developer`` message is a system message where the chat template has no ``developer`` role (OpenAI's
+  name for the system message of its reasoning models).
 - ``seed`` is OpenAI's signed 64-bit integer; a negative seed is used modulo ``2**63`` (the sampler's seeds are
   63-bit), so ``-1`` gives the same output as ``2**63 - 1``.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to 256, or what the model's context window leaves
@@ -461,6 +463,9 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
     :class:`FieldError` (or :class:`BeamSearchError`) for a field it cannot honour."""
     body.check()
     messages = _text_messages(body.messages)
+    if "developer" not in str(getattr(handle.tokenizer, "chat_template", None) or ""):
+        # OpenAI's system messages for reasoning models: a system message where the template knows no other
+        messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
     tools = None
     constraint: dict[str, Any] = {}
     if body.tools:

@@ -156,6 +156,14 @@ def test_streaming_matches_the_whole_response(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
 
 
+def test_a_developer_message_is_a_system_message(server):
+    """OpenAI's ``developer`` role: was rendered under its own name, beside the template's default system prompt."""
+    usage = [server.client.chat.completions.create(model=server.model, max_tokens=1, messages=[
+                 {"role": role, "content": "Be brief."}, {"role": "user", "content": "Hi"}]).usage.prompt_tokens
+             for role in ("developer", "system")]  # fmt: skip
+    assert usage[0] == usage[1]
+
+
 def test_a_negative_seed_is_openais_and_reproducible(server):
     """OpenAI's seed is a signed 64-bit integer: ``seed=-1`` was a 400. It is the seed ``2**63 - 1``."""
     runs = [server.client.completions.create(model=server.model, prompt="One", max_tokens=8, seed=seed, temperature=1)
