@@ -2,9 +2,9 @@
 
 :func:`greedy_closing` walks one path: take the forced text; else the first of the :data:`PRIORITY
 <constrain.match.vocab.PRIORITY>` characters (close strings and containers first, then the shortest
-values) and the constraint's hints (those that make the string being written a whole value first) that does
-not lead into a dead end of the value checks; where it
-writes one character again and again (free text, or a loop), look for a token that leads elsewhere
+values) and the constraint's hints (first those that make the string being written a whole value) that
+does not lead into a dead end of the value checks; where it writes one character again and again (free
+text, or a loop), look for a token that leads elsewhere
 (``_escape``). It is the fallback of :func:`~constrain.match.closing.completion` when the search
 finds nothing within its bound, and the cheap check the :class:`~constrain.match.budget.Budget`
 makes during generation. Its work is bounded in steps, never in seconds (:data:`TRIES_PER_TOKEN`,
@@ -190,7 +190,7 @@ def greedy_closing(
         pick, tries = _first_move(probe, [ids for _, ids in keys] + moves[:1], bitmask, tries)
         if pick is None:  # the hints that make the string a whole value first (a duration's, not an e-mail's)
             whole = [ids for ids in hints if _closes(probe, ids, moves[0], bitmask)]
-            rest = [ids for ids in hints if ids not in whole] + moves[1 + len(hints) :]
+            rest = [ids for ids in hints if ids not in whole] + moves[1 + len(hints) :]  # (moves: quote, hints, rest)
             pick, tries = _first_move(probe, whole + rest, bitmask, tries)
         written.update(name for name, ids in keys if ids == pick)
         if pick is None and tries > 0:

@@ -328,12 +328,11 @@ class ValueState:
         if "refused" not in memo:
             checks = self.checks
             location = _location(checks, self.stack)
-            refused = frozenset(
-                first
-                for first, kind in _FIRST_KINDS.items()
-                if checks.needs(location) and not checks.admits(location, kind)
+            memo["refused"] = (
+                frozenset(first for first, kind in _FIRST_KINDS.items() if not checks.admits(location, kind))
+                if checks.needs(location)
+                else frozenset()
             )
-            memo["refused"] = refused
         return memo["refused"]  # type: ignore[no-any-return]
 
     def _may_begin(self, scan: JsonScan, stack: tuple[_Frame, ...]) -> bool:
