@@ -44,7 +44,7 @@ from constrain.models.loading import ModelHandle, model_handle
 from constrain.results import GenerationResult, StreamEvent
 from constrain.sampler import InvalidSamplingParamsError, SamplingParams
 from constrain.tools.formats import tool_format
-from constrain.tools.prompts import render_prompt
+from constrain.tools.prompts import render_prompt, template_roles
 
 __all__ = [
     "ChatOptions",
@@ -100,7 +100,8 @@ def _calls(message: dict[str, Any]) -> bool:
 
 def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
     """The token ids ``prompt`` feeds the model: a string encoded (an empty one: the BOS token alone), or chat
-    messages through the chat template."""
+    messages through the chat template (a ``developer`` message as a system message where the template has no
+    such role: :func:`~constrain.tools.prompts.template_roles`)."""
     tokenizer = handle.tokenizer
     if isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt))
@@ -118,7 +119,7 @@ def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
         # prompt with tools writes them (a template may know no tool messages, nor an assistant's calls)
         format = tool_format(handle.name)
         return prompt_ids(handle, render_prompt(handle, prompt, tools=(), choice="none", multiple=False, format=format))
-    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(template_roles(tokenizer, prompt), add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -463,9 +463,6 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
     :class:`FieldError` (or :class:`BeamSearchError`) for a field it cannot honour."""
     body.check()
     messages = _text_messages(body.messages)
-    if "developer" not in str(getattr(handle.tokenizer, "chat_template", None) or ""):
-        # OpenAI's system messages for reasoning models: a system message where the template knows no other
-        messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
     tools = None
     constraint: dict[str, Any] = {}
     if body.tools:

@@ -16,7 +16,7 @@ from constrain.models.loading import ModelHandle
 from constrain.tools.definitions import Tool
 from constrain.tools.formats import ToolFormat
 
-__all__ = ["FALLBACK_INSTRUCTIONS", "POLICIES", "render_prompt"]
+__all__ = ["FALLBACK_INSTRUCTIONS", "POLICIES", "render_prompt", "template_roles"]
 
 FALLBACK_INSTRUCTIONS = """You can call the following tools; a tool's "parameters" is the JSON Schema of its arguments.
 <tools>
@@ -78,6 +78,15 @@ def render_prompt(
     return text
 
 
+def template_roles(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as ``tokenizer``'s chat template takes them: a ``developer`` message (OpenAI's system message
+    for its reasoning models) becomes a system message where the template has no ``developer`` role. A new list;
+    ``messages`` is not mutated."""
+    if "developer" in str(getattr(tokenizer, "chat_template", None) or ""):
+        return list(messages)
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
 def _render(
     tokenizer: Any,
     messages: Sequence[dict[str, Any]],
@@ -90,6 +99,7 @@ def _render(
     if not isinstance(template, str):
         raise ValueError("the tokenizer has no chat template: write the prompt as text (see FALLBACK_INSTRUCTIONS)")
     definitions = [t.definition() for t in tools]
+    messages = template_roles(tokenizer, messages)
     if "tools" in template:
         text = tokenizer.apply_chat_template(
             list(messages), tools=definitions or None, add_generation_prompt=True, tokenize=False

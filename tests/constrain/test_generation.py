@@ -108,6 +108,13 @@ def test_a_conversation_that_called_tools_goes_on_without_them(tiny):
         assert len(r.token_ids) == 5 and r.finish_reason == "length"
 
 
+def test_a_developer_message_is_a_system_message_where_the_template_has_no_such_role(tiny):
+    def ids(role):
+        return prompt_ids(tiny, [{"role": role, "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+
+    assert ids("developer") == ids("system")
+
+
 def test_batch_n_and_seeds(tiny):
     results = generate(tiny, ["A:", "Bb:", [{"role": "user", "content": "hi"}]], schema=SMALL, max_tokens=64, seed=5)
     assert len(results) == 3 and all(r.valid for r in results)
