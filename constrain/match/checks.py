@@ -858,11 +858,31 @@ def _python_multiple_of(python: type) -> type:
 def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
     """``patternProperties`` and ``additionalProperties`` for jsonschema-rs as ``jsonschema`` reads them:
     a key matches a pattern by a search (the ``regex`` module), and is additional where it is neither declared nor
-    matches the patterns joined by ``|``. ``build``: a native validator of a subschema."""
+    matches the patterns joined by ``|``. ``build``: a native validator of a subschema.
+
+    The subschemas' validators are memoized by their JSON text (a schema repeats ``additionalProperties: {}``
+    hundreds of times). A subschema that reaches itself (through a ``$ref``) reads its own validator from the
+    memo at its first value: built when met, each built the next, until Python's recursion limit.
+    """
+    built: dict[str, Any] = {}  # per subschema's JSON text, its validator (None while it is being built)
+    lock = threading.RLock()  # one build at a time: another thread would read a None
+
+    def validator(sub: Any) -> Any:
+        key = json.dumps(sub, sort_keys=True)
+        with lock:
+            if key not in built:
+                built[key] = None
+                try:
+                    built[key] = build(sub)
+                except BaseException:
+                    del built[key]  # the validator holding this one fails to build too
+                    raise
+            found = built[key]
+            return _Built(built, key) if found is None else found
 
     class PatternProperties:
         def __init__(self, parent_schema: dict[str, Any], value: dict[str, Any], schema_path: list[Any]) -> None:
-            self.patterns = [(regex.compile(pattern), build(sub)) for pattern, sub in value.items()]
+            self.patterns = [(regex.compile(pattern), validator(sub)) for pattern, sub in value.items()]
 
         def validate(self, instance: Any) -> None:
             if not isinstance(instance, dict):
@@ -878,7 +898,7 @@ def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
             self.declared = set(declared) if isinstance(declared, dict) else set()
             self.patterns = regex.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
             self.schema = value
-            self.validator = build(value) if isinstance(value, dict) else None
+            self.validator = validator(value) if isinstance(value, dict) else None
 
         def validate(self, instance: Any) -> None:
             if not isinstance(instance, dict) or self.schema is True:
@@ -890,6 +910,20 @@ def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
                     raise ValueError(f"{key!r} is not allowed here")
 
     return {"patternProperties": PatternProperties, "additionalProperties": AdditionalProperties}
+
+
+class _Built:
+    """The validator of a subschema that reaches itself, read from the memo of :func:`_object_keywords` at its
+    first value (its build is over by then)."""
+
+    __slots__ = ("built", "key")
+
+    def __init__(self, built: dict[str, Any], key: str) -> None:
+        self.built = built
+        self.key = key
+
+    def is_valid(self, value: Any) -> bool:
+        return bool(self.built[self.key].is_valid(value))
 
 
 class _Native:

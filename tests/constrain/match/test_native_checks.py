@@ -78,6 +78,16 @@ SCHEMAS = {
         "type": "object",
         "patternProperties": {"^l": {"$ref": "#/definitions/leaf"}},
     },
+    "recursive patterns": {
+        "definitions": {
+            "node": {
+                "type": "object",
+                "patternProperties": {"^c": {"$ref": "#/definitions/node"}},
+                "additionalProperties": {"type": "integer", "maximum": 5},
+            }
+        },
+        "$ref": "#/definitions/node",
+    },
     "draft 4": {
         "$schema": "http://json-schema.org/draft-04/schema#",
         "type": "object",
@@ -94,7 +104,7 @@ EDGES = [
     {"p": [-1]}, {"q": 6}, {"q": 5}, {"n": 2}, {"n": 3}, {"n": 3, "extra": True}, {"n": 3, "extra": 1},
     [-1, 0, 1, 2], [-1, -2], [0, 1, 2], {"c\n": 5}, {"c": 6}, {"c\n": 6}, {"lx": 1}, {"z": 0}, {"zz": []},
     {"q": [1]}, {"q": 1}, {"A": 1}, {"c": True}, {"kind": 1, "v\n": 2}, {"vv": 1}, 0.07, [0.07], [0.3, 6],
-    [0.5, 7], {"lx": {"c": 6}}, {"lx": {"c": 5}},
+    [0.5, 7], {"lx": {"c": 6}}, {"lx": {"c": 5}}, {"c": {"c": {"a": 6}}}, {"c": {"c": {"a": 5}, "x": 1}},
 ]  # fmt: skip
 
 _json = st.recursive(
@@ -173,6 +183,15 @@ def test_references_under_patterns_are_read_natively():
     root = _built(SCHEMAS["references under patterns"])[0]
     assert isinstance(root, checks._Native)
     assert not root.is_valid({"lx": {"c": 6}}) and root.is_valid({"lx": {"c": 5}})
+
+
+def test_recursive_patterns_are_read_natively():
+    """A subschema under ``patternProperties`` that reaches itself: the keyword's own validators are built at
+    their first value, not with the validator that holds them (built eagerly, each built the next until
+    Python's recursion limit, after 70 ms on ``wp_27``, and the schema fell back to jsonschema)."""
+    root = _built(SCHEMAS["recursive patterns"])[0]
+    assert isinstance(root, checks._Native)
+    assert not root.is_valid({"c": {"c": {"a": 6}}}) and root.is_valid({"c": {"c": {"a": 5}, "x": 1}})
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
