@@ -1,10 +1,11 @@
 """Compile cost, cold and warm (cache hit), for a few schemas with the SmolLM2 tokenizer; then a process's
 first request, per packaged tokenizer, with the token texts' file absent and present.
 
-The first request of a process also builds the per-tokenizer tables (:mod:`constrain.match.vocab`):
-each request is timed in a fresh process, once with an empty ``CONSTRAIN_CACHE`` (the token texts read
-out of the engine) and once with the file that run left. The tokenizer's own load and llguidance's
-tokenizer (built on a thread of its own) are waited for first: they are not the request's.
+The per-tokenizer tables (:mod:`constrain.match.vocab`) are built on a thread of their own from the
+tokenizer's info on, beside llguidance's tokenizer: a first request that comes before they are done waits
+for them. Each request is timed in a fresh process, once with an empty ``CONSTRAIN_CACHE`` (the token texts
+read out of the engine) and once with the file that run left. The tokenizer's own load and llguidance's
+tokenizer are waited for first: they are not the request's.
 
 Usage: ``python bench/compile_cache.py``
 """

@@ -82,7 +82,7 @@ class Adapter:
             import constrain
 
             self.info = constrain.tokenizer_info(tokenizer)
-            self.info.llg_tokenizer()  # built once per process in the background: not a schema's cost
+            self.info.wait_prepared()  # built once per process in the background: not a schema's cost
             self.bitmask = constrain.allocate_token_bitmask(1, self.info.vocab_size)
         elif name == "xgrammar":
             import xgrammar as xgr

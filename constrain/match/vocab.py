@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from constrain.backends.tokenizer import TokenizerInfo
+from constrain.backends.tokenizer import TokenizerInfo, prepare_with
 from constrain.caches import bounded
 from constrain.match.bitmask import pack
 from constrain.match.lengths import token_lengths
@@ -433,3 +433,7 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
         value_end_numeric=ids(end | numeric),
         value_begin=ids(end | begins),
     )
+
+
+for _table in (key_vocab, value_vocab, closing_vocab):  # what the first JSON request would wait for
+    prepare_with(_table)

@@ -99,3 +99,20 @@ def test_the_token_texts_need_no_writable_cache(smol_tokenizer, tmp_path, monkey
     monkeypatch.setenv("CONSTRAIN_CACHE", str(blocked))  # a file where the folder would be
     info = constrain.tokenizer_info(smol_tokenizer)
     assert vocab.token_texts.__wrapped__(info).pieces == tuple(bytes(p) for p in info.xgr_info.decoded_vocab)
+
+
+def test_the_tables_are_built_in_the_background_from_the_tokenizers_info(smol_tokenizer, monkeypatch):
+    """A new tokenizer info builds the JSON scanners' tables on a thread of its own: the first request finds
+    them built (it waited 40 to 55 ms for them). A table that fails there is left to its user."""
+    from constrain.backends import tokenizer
+
+    def fails(info: constrain.TokenizerInfo) -> None:
+        raise RuntimeError("a table that cannot be built")
+
+    monkeypatch.setattr(tokenizer, "_PREPARERS", [fails, *tokenizer._PREPARERS])
+    info = constrain.tokenizer_info(smol_tokenizer, vocab_size=len(smol_tokenizer) + 3)  # a new info
+    info.wait_prepared()
+    for table in (vocab.key_vocab, vocab.value_vocab, vocab.closing_vocab):
+        hits = table.cache_info().hits
+        table(info)
+        assert table.cache_info().hits == hits + 1, table
