@@ -101,7 +101,7 @@ def _prepare(info: TokenizerInfo, done: Future[None]) -> None:
         for build in builds:
             try:
                 build(info)
-            except Exception:  # noqa: S112 - its user builds it again, and meets the error there
+            except Exception:  # its user builds it again, and meets the error there
                 continue
         done.set_result(None)
 
