@@ -22,7 +22,7 @@ from constrain.constraints.constraint import (
     json_schema,
     regex,
 )
-from constrain.constraints.schema import CoverageEntry
+from constrain.constraints.schema import Coverage, CoverageEntry
 from constrain.conversation import ChatResult, chat
 from constrain.decode.partial import resolve
 from constrain.decode.reasoning import Reasoning
@@ -83,6 +83,7 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "ContextWindowError",
+    "Coverage",
     "CoverageEntry",
     "DraftModelProposer",
     "ForwardCost",

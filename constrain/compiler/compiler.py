@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from constrain import caches
@@ -41,7 +41,7 @@ from constrain.constraints.constraint import (
     JsonSchema,
     Regex,
 )
-from constrain.constraints.schema import CoverageEntry
+from constrain.constraints.schema import Coverage
 from constrain.errors import CompileError
 from constrain.match.checks import CallChecks, ValueChecks
 from constrain.match.matcher import Matcher
@@ -87,7 +87,7 @@ class CompiledConstraint:
     constraint: Constraint
     tokenizer: TokenizerInfo
     grammar: CompiledGrammar
-    coverage: tuple[CoverageEntry, ...] = ()
+    coverage: Coverage = field(default_factory=Coverage)
     engine_schema: Any = None  # the schema as rewritten for the engine (JSON Schema only)
     unique_keys: bool = False  # the grammar may admit a key twice: matchers mask that out (constrain.match.keys)
     # keywords beyond the grammar, checked per value (constrain.match.values); CallChecks: a grammar's embedded JSON
@@ -167,7 +167,7 @@ def _build_llguidance(constraint: Constraint, info: TokenizerInfo) -> CompiledCo
     backend = info.llguidance()
     if backend is None:
         raise CompileError("the llguidance engine needs a fast Hugging Face tokenizer")
-    coverage: tuple[CoverageEntry, ...] = ()
+    coverage = Coverage()
     if isinstance(constraint, Regex):
         engine_schema, text = None, regex_grammar(constraint.engine_pattern)
     else:

@@ -36,6 +36,7 @@ from constrain.constraints.schema import (
     SCHEMA_MAPS,
     SINGLE_SCHEMAS,
     SUBSCHEMA_KEYS,
+    Coverage,
     CoverageEntry,
     prepared_schema,
     subschemas,
@@ -75,14 +76,14 @@ _SCHEMA_WIDE = {"properties": _OPEN_KEYS_NOTE, "required": _ANY_ORDER_REQUIRED_N
 """Schema-wide looseness: the keyword checked wherever it appears, when coverage has the note."""
 
 
-def prepared(constraint: JsonSchema) -> tuple[Any, tuple[CoverageEntry, ...]]:
+def prepared(constraint: JsonSchema) -> tuple[Any, Coverage]:
     """The schema rewritten for the engines, and its coverage (both engines start from it; do not mutate):
     memoized (:func:`~constrain.constraints.schema.prepared_schema`)."""
     return prepared_schema(constraint.schema, constraint.lenient, constraint.closed)
 
 
 @bounded("compile.json_schema_ebnf", maxsize=64)
-def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, tuple[CoverageEntry, ...], frozenset[frozenset[str]]]:
+def json_schema_ebnf(constraint: JsonSchema) -> tuple[str, Coverage, frozenset[frozenset[str]]]:
     """xgrammar's EBNF for a JSON schema constraint, its coverage, and the objects (their declared keys)
     whose every key that grammar writes at most once (:func:`~constrain.backends.xgrammar.keys_in_any_order`:
     no key guard needed there). Pure, memoized."""
@@ -264,8 +265,8 @@ def unique_keys(constraint: JsonSchema, engine_schema: Any, tracked: frozenset[f
 
 
 def value_checks(
-    constraint: JsonSchema, coverage: tuple[CoverageEntry, ...], tracked: frozenset[frozenset[str]] = frozenset()
-) -> tuple[ValueChecks | None, tuple[CoverageEntry, ...]]:
+    constraint: JsonSchema, coverage: Coverage, tracked: frozenset[frozenset[str]] = frozenset()
+) -> tuple[ValueChecks | None, Coverage]:
     """The value checks of a schema whose grammar is not exact somewhere (None where it is exact), and
     the coverage with what they enforce marked so.
 
@@ -282,7 +283,7 @@ def value_checks(
         guides = constraint.property_order == "any" and _takes_known_keys(validator.schema, constraint.closed, tracked)
         return (checks if guides else None), coverage
     checks.warm()
-    enforced = tuple(
+    enforced = Coverage(
         replace(e, status="enforced", note=f"{AT_BOUNDARIES} ({e.note})" if e.note else AT_BOUNDARIES)
         if e.status == "checked"
         else e

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, overload
 
 from constrain.backends.xgrammar import check_regex
 from constrain.caches import bounded
@@ -70,7 +70,7 @@ from constrain.constraints.schema_unsatisfiable import contradiction, draft_of
 from constrain.errors import SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 
 __all__ = [
-    "SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "SUBSCHEMA_KEYS", "CoverageEntry", "Status", "prepare",
+    "SCHEMA_LISTS", "SCHEMA_MAPS", "SINGLE_SCHEMAS", "SUBSCHEMA_KEYS", "Coverage", "CoverageEntry", "Status", "prepare",
     "prepared_schema", "subschemas",
 ]  # fmt: skip
 
@@ -163,6 +163,47 @@ class CoverageEntry:
     keyword: str
     status: Status
     note: str = ""
+
+
+class Coverage(Sequence[CoverageEntry]):
+    """A schema's coverage: its :class:`CoverageEntry` items, in order. Immutable; ``+`` appends entries.
+
+    Held as tuples of strings, which Python's cyclic collector stops walking once it has seen them: an
+    object per entry was a quarter of what a process held after compiling MaskBench's 400-schema sample
+    (35,000 of 150,000 objects), walked at every full collection (a pause of 50 to 70 ms, in some first
+    mask). Each item read is a new :class:`CoverageEntry`."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, entries: Iterable[CoverageEntry] = ()) -> None:
+        self._rows = tuple((e.pointer, e.keyword, e.status, e.note) for e in entries)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> CoverageEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> Coverage: ...
+    def __getitem__(self, index: int | slice) -> CoverageEntry | Coverage:
+        if isinstance(index, slice):
+            return Coverage(CoverageEntry(*row) for row in self._rows[index])
+        return CoverageEntry(*self._rows[index])
+
+    def __iter__(self) -> Iterator[CoverageEntry]:
+        return (CoverageEntry(*row) for row in self._rows)
+
+    def __add__(self, entries: Iterable[CoverageEntry]) -> Coverage:
+        return Coverage((*self, *entries))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Coverage) and self._rows == other._rows
+
+    def __hash__(self) -> int:
+        return hash(self._rows)
+
+    def __repr__(self) -> str:
+        return f"Coverage({list(self)!r})"
 
 
 class _Preparer:
@@ -571,7 +612,7 @@ class _Preparer:
             self.mark(pointer, "items", "enforced", "closed: no items beyond prefixItems")
 
 
-def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, tuple[CoverageEntry, ...]]:
+def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, Coverage]:
     """Return ``(schema for the engine, coverage)``; see the module docstring.
 
     ``closed``: objects that declare their keys take no others, tuples no further items (see
@@ -596,11 +637,11 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, t
     if preparer.refs.alias_defs:
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
     entries = sorted(preparer.coverage.items())  # by pointer, then keyword
-    return prepared, tuple(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
+    return prepared, Coverage(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
 
 
 @bounded("constraints.prepared_schema", maxsize=1024)
-def prepared_schema(text: str, lenient: bool, closed: bool) -> tuple[Any, tuple[CoverageEntry, ...]]:
+def prepared_schema(text: str, lenient: bool, closed: bool) -> tuple[Any, Coverage]:
     """:func:`prepare` of a schema given as JSON text, memoized: :func:`~constrain.json_schema` prepares its
     schema to refuse a bad one at once, and the compile of the same constraint reads it here again (do
     not mutate what it returns). As many entries as the compile cache keeps constraints

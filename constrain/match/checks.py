@@ -683,15 +683,14 @@ class ValueChecks:
     def _validator_of(self, index: int, kept: dict[str, Any]) -> Any:
         """A validator of ``kept`` (some keywords of subschema ``index``): jsonschema-rs, hundreds of times
         faster, where it reads them as ``jsonschema`` does (:meth:`_native_reading`); else ``jsonschema``."""
-        python = self.validator.evolve(schema=kept)
         native = NATIVE_VALIDATORS.get(type(self.validator).__name__)
         reading = self._native_reading(index)
         if native is None or reading is None:
-            return python
+            return self.validator.evolve(schema=kept)
         try:
-            return _Native(native(_rooted(kept), **self._native_options(reading)), python)
+            return _Native(native(_rooted(kept), **self._native_options(reading)), self.validator, kept)
         except Exception:  # a schema jsonschema-rs refuses to build (it validates schemas; jsonschema does not)
-            return python
+            return self.validator.evolve(schema=kept)
 
     def _native_options(self, objects: bool) -> dict[str, Any]:
         """How jsonschema-rs is built for this schema: its references into the document resolved, every
@@ -703,7 +702,7 @@ class ValueChecks:
         options: dict[str, Any] = {
             "registry": jsonschema_rs.Registry([(_ROOT_URI, self.root)]),
             "base_uri": _ROOT_URI + "/node",
-            "formats": {name: functools.partial(FORMATS.conforms, format=name) for name in _FORMAT_NAMES},
+            "formats": _FORMAT_CHECKERS,
             "validate_formats": True,
             "keywords": {"pattern": _SearchPattern, "multipleOf": _python_multiple_of(type(self.validator))},
         }
@@ -788,6 +787,10 @@ _FORMAT_NAMES = frozenset(FORMATS.checkers) | {
 }  # fmt: skip
 """Every format either package checks: each goes to this package's checkers (one it has none for passes)."""
 
+_FORMAT_CHECKERS = {name: functools.partial(FORMATS.conforms, format=name) for name in _FORMAT_NAMES}
+"""jsonschema-rs's ``formats``: one for every schema (a copy per schema was 12,000 of the objects Python's
+collector walks at each full collection once MaskBench's 400-schema sample was compiled)."""
+
 _ROOT_URI = "urn:constrain:schema"
 """Where jsonschema-rs finds the document a subschema's ``#...`` references point into."""
 
@@ -855,7 +858,7 @@ def _python_multiple_of(python: type) -> type:
     return MultipleOf
 
 
-def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
+def _object_keywords(build: Callable[[Any], Any]) -> dict[str, Callable[..., Any]]:
     """``patternProperties`` and ``additionalProperties`` for jsonschema-rs as ``jsonschema`` reads them:
     a key matches a pattern by a search (the ``regex`` module), and is additional where it is neither declared nor
     matches the patterns joined by ``|``. ``build``: a native validator of a subschema.
@@ -880,36 +883,51 @@ def _object_keywords(build: Callable[[Any], Any]) -> dict[str, type]:
             found = built[key]
             return _Built(built, key) if found is None else found
 
-    class PatternProperties:
-        def __init__(self, parent_schema: dict[str, Any], value: dict[str, Any], schema_path: list[Any]) -> None:
-            self.patterns = [(regex.compile(pattern), validator(sub)) for pattern, sub in value.items()]
+    return {
+        "patternProperties": functools.partial(_PatternProperties, validator),
+        "additionalProperties": functools.partial(_AdditionalProperties, validator),
+    }
 
-        def validate(self, instance: Any) -> None:
-            if not isinstance(instance, dict):
-                return
-            for key, member in instance.items():
-                for pattern, validator in self.patterns:
-                    if pattern.search(key) is not None and not validator.is_valid(member):
-                        raise ValueError(f"{key!r}: {member!r} is not valid under {pattern.pattern!r}")
 
-    class AdditionalProperties:
-        def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: list[Any]) -> None:
-            declared, patterns = parent_schema.get("properties"), parent_schema.get("patternProperties")
-            self.declared = set(declared) if isinstance(declared, dict) else set()
-            self.patterns = regex.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
-            self.schema = value
-            self.validator = validator(value) if isinstance(value, dict) else None
+class _PatternProperties:
+    """jsonschema-rs's ``patternProperties`` (see :func:`_object_keywords`); ``validator``: a subschema's."""
 
-        def validate(self, instance: Any) -> None:
-            if not isinstance(instance, dict) or self.schema is True:
-                return
-            for key, member in instance.items():
-                if key in self.declared or (self.patterns is not None and self.patterns.search(key) is not None):
-                    continue
-                if self.validator is None or not self.validator.is_valid(member):
-                    raise ValueError(f"{key!r} is not allowed here")
+    __slots__ = ("patterns",)
 
-    return {"patternProperties": PatternProperties, "additionalProperties": AdditionalProperties}
+    def __init__(
+        self, validator: Callable[[Any], Any], parent: dict[str, Any], value: dict[str, Any], path: Any
+    ) -> None:
+        self.patterns = [(regex.compile(pattern), validator(sub)) for pattern, sub in value.items()]
+
+    def validate(self, instance: Any) -> None:
+        if not isinstance(instance, dict):
+            return
+        for key, member in instance.items():
+            for pattern, validator in self.patterns:
+                if pattern.search(key) is not None and not validator.is_valid(member):
+                    raise ValueError(f"{key!r}: {member!r} is not valid under {pattern.pattern!r}")
+
+
+class _AdditionalProperties:
+    """jsonschema-rs's ``additionalProperties`` (see :func:`_object_keywords`); ``validator``: a subschema's."""
+
+    __slots__ = ("anything", "declared", "patterns", "validator")
+
+    def __init__(self, validator: Callable[[Any], Any], parent: dict[str, Any], value: Any, path: Any) -> None:
+        declared, patterns = parent.get("properties"), parent.get("patternProperties")
+        self.declared = frozenset(declared) if isinstance(declared, dict) else frozenset()
+        self.patterns = regex.compile("|".join(patterns)) if isinstance(patterns, dict) and patterns else None
+        self.anything = value is True
+        self.validator = validator(value) if isinstance(value, dict) else None
+
+    def validate(self, instance: Any) -> None:
+        if not isinstance(instance, dict) or self.anything:
+            return
+        for key, member in instance.items():
+            if key in self.declared or (self.patterns is not None and self.patterns.search(key) is not None):
+                continue
+            if self.validator is None or not self.validator.is_valid(member):
+                raise ValueError(f"{key!r} is not allowed here")
 
 
 class _Built:
@@ -928,13 +946,21 @@ class _Built:
 
 class _Native:
     """A jsonschema-rs validator, with ``jsonschema``'s to fall back on where it raises (a number past 64
-    bits, say): ``is_valid`` alone, what the checks ask."""
+    bits, say): ``is_valid`` alone, what the checks ask. ``jsonschema``'s is made from ``base`` (a validator of
+    the whole schema) at each fallback: kept, it was 5 objects more per subschema for Python's collector to
+    walk."""
 
-    __slots__ = ("native", "python")
+    __slots__ = ("base", "native", "schema")
 
-    def __init__(self, native: Any, python: Any) -> None:
+    def __init__(self, native: Any, base: Any, schema: Any) -> None:
         self.native = native
-        self.python = python
+        self.base = base
+        self.schema = schema
+
+    @property
+    def python(self) -> Any:
+        """``jsonschema``'s validator of the same ``schema``."""
+        return self.base.evolve(schema=self.schema)
 
     def is_valid(self, value: Any) -> bool:
         try:
