@@ -178,6 +178,13 @@ class Coverage(Sequence[CoverageEntry]):
     def __init__(self, entries: Iterable[CoverageEntry] = ()) -> None:
         self._rows = tuple((e.pointer, e.keyword, e.status, e.note) for e in entries)
 
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[str, str, Status, str]]) -> Coverage:
+        """The coverage of entries given as ``(pointer, keyword, status, note)``."""
+        coverage = cls.__new__(cls)
+        coverage._rows = tuple(rows)
+        return coverage
+
     def __len__(self) -> int:
         return len(self._rows)
 
@@ -194,7 +201,7 @@ class Coverage(Sequence[CoverageEntry]):
         return (CoverageEntry(*row) for row in self._rows)
 
     def __add__(self, entries: Iterable[CoverageEntry]) -> Coverage:
-        return Coverage((*self, *entries))
+        return Coverage.from_rows((*self._rows, *Coverage(entries)._rows))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Coverage) and self._rows == other._rows
@@ -223,7 +230,7 @@ class _Preparer:
         self.frames: list[dict[str, UnsatisfiableSchemaError]] = [{}]
 
     def mark(self, pointer: str, keyword: str, status: Status, note: str = "") -> None:
-        self.coverage[pointer, keyword] = status, note  # made CoverageEntry once, at the end (a quarter of the walk)
+        self.coverage[pointer, keyword] = status, note  # made the Coverage once, at the end
 
     def refuse(self, pointer: str, keyword: str, reason: str) -> None:
         """Strict: raise; lenient: record an approximation."""
@@ -637,7 +644,7 @@ def prepare(schema: Any, *, lenient: bool, closed: bool = False) -> tuple[Any, C
     if preparer.refs.alias_defs:
         prepared.setdefault("$defs", {}).update(preparer.refs.alias_defs)
     entries = sorted(preparer.coverage.items())  # by pointer, then keyword
-    return prepared, Coverage(CoverageEntry(pointer, keyword, *said) for (pointer, keyword), said in entries)
+    return prepared, Coverage.from_rows((pointer, keyword, *said) for (pointer, keyword), said in entries)
 
 
 @bounded("constraints.prepared_schema", maxsize=1024)
