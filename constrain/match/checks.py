@@ -175,8 +175,8 @@ class ValueChecks:
         self._parents: dict[int, tuple[int, ...]] | None = None
         self._targets: dict[str, Any] = {}  # per local reference, what it names (``_target``)
         self._needing = self._find_needing(checked, set(everywhere))
-        self._children: dict[tuple[Dnf, str | int], Dnf] = {}
-        # the verdicts are keyed by a location's number (``_number``), not the location: a key of atomic
+        self._children: dict[tuple[int, str | int], Dnf] = {}  # by location's number and member: its location
+        # the memos are keyed by a location's number (``_number``), not the location: a key of atomic
         # values only is left alone by Python's collector once it has seen it, where a tuple holding a
         # frozenset is walked at every full collection (a third of a process's objects, 80,000, once it
         # had replayed MaskBench's 400-schema sample)
@@ -188,7 +188,7 @@ class ValueChecks:
         self._prefixes: dict[int, Any] = {}  # per subschema index, its validator as it grows, or None
         self._numbers: dict[Dnf, Any] = {}  # per location, its number alternatives (``_number_alternatives``)
         self._string_bounds: dict[Dnf, int | None] = {}  # per location, ``string_bound``
-        self._admits: dict[tuple[Dnf, str], bool] = {}  # per location and JSON type, ``admits``
+        self._admits: dict[tuple[int, str], bool] = {}  # by location's number and JSON type, ``admits``
         self._key_names: dict[Dnf, Names] = {}  # per location, ``key_names``
         self._location_flags: dict[Dnf, tuple[bool, bool, bool, bool]] = {}  # per location, ``_flags``
         self._options: dict[bool, dict[str, Any]] = {}  # ``_native_options``
@@ -351,7 +351,8 @@ class ValueChecks:
 
     def child(self, location: Dnf, key: str | int) -> Dnf:
         """The location of member ``key`` (a str) of an object, or item ``key`` (an int) of an array."""
-        found = self._children.get((location, key))
+        memo_key = (self._number(location), key)
+        found = self._children.get(memo_key)
         if found is not None:
             self.hits += 1
             return found
@@ -359,7 +360,7 @@ class ValueChecks:
         found = _or(self._child_alternative(alternative, key) for alternative in location)
         if len(self._children) >= MEMO_ENTRIES:
             self._children.clear()
-        self._children[location, key] = found
+        self._children[memo_key] = found
         return found
 
     def _child_alternative(self, alternative: frozenset[int], key: str | int) -> Dnf:
@@ -512,7 +513,7 @@ class ValueChecks:
         may be valid at ``location``, as the ``type``, ``const`` and ``enum`` of its subschemas say: False
         only where each alternative has a subschema that rules the type out (a value that cannot be valid,
         refused where it begins). Memoized per location and type."""
-        key = (location, kind)
+        key = (self._number(location), kind)
         found = self._admits.get(key)
         if found is None:
             found = any(all(_admits(self.nodes[index], kind) for index in alternative) for alternative in location)
