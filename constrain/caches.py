@@ -33,8 +33,12 @@ def register(name: str, figures: Callable[[], dict[str, int]]) -> None:
         _registry[name] = figures
 
 
-def bounded(name: str, maxsize: int) -> Callable[[F], F]:
-    """``functools.lru_cache(maxsize)``, reported under ``name`` (entries, hits, misses, maxsize)."""
+def bounded(name: str, maxsize: int, *, serial: bool = False) -> Callable[[F], F]:
+    """``functools.lru_cache(maxsize)``, reported under ``name`` (entries, hits, misses, maxsize).
+
+    ``serial``: one call at a time, so that a value two threads ask for at once is built once (for builds
+    of tens of milliseconds that a background thread may be making: the second caller waits for it). The
+    function keeps ``cache_info`` and ``cache_clear``."""
     if maxsize < 1:
         raise ValueError(f"a cache's maxsize must be positive, got {maxsize}")
 
@@ -46,7 +50,18 @@ def bounded(name: str, maxsize: int) -> Callable[[F], F]:
             return {"entries": info.currsize, "hits": info.hits, "misses": info.misses, "maxsize": maxsize}
 
         register(name, figures)
-        return cached  # type: ignore[return-value]
+        if not serial:
+            return cached  # type: ignore[return-value]
+        lock = threading.Lock()
+
+        @functools.wraps(function)
+        def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return cached(*args, **kwargs)
+
+        one_at_a_time.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        one_at_a_time.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return one_at_a_time  # type: ignore[return-value]
 
     return wrap
 

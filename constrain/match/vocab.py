@@ -8,7 +8,10 @@ every table is derived from it, with numpy: the key scanner's
 :mod:`constrain.match.closing`); the repetition guard and the repeated-call filter derive theirs.
 Each table is cached per :class:`~constrain.backends.tokenizer.TokenizerInfo` (by identity:
 :func:`~constrain.backends.tokenizer.tokenizer_info` returns one per tokenizer), bounded and reported
-in :func:`constrain.caches.stats`; a table is immutable, so requests and threads share it.
+in :func:`constrain.caches.stats`; a table is immutable, so requests and threads share it. The JSON
+scanners' and the closing search's are built on a thread of their own once the info is made
+(:func:`~constrain.backends.tokenizer.prepare_with`): each is built once, and a request that asks for
+one meanwhile waits for that build.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class TokenTexts:
         return np.bincount(self.owner[flags], minlength=len(self.texts))
 
 
-@bounded("match.vocab.token_texts", maxsize=TOKENIZERS_KEPT)
+@bounded("match.vocab.token_texts", maxsize=TOKENIZERS_KEPT, serial=True)
 def token_texts(info: TokenizerInfo) -> TokenTexts:
     """The token texts of ``info``'s tokenizer (cached: see the module docstring).
 
@@ -182,7 +185,7 @@ class ClosingVocab:
         return best[-1], runs_past[:limit]
 
 
-@bounded("match.vocab.closing", maxsize=TOKENIZERS_KEPT)
+@bounded("match.vocab.closing", maxsize=TOKENIZERS_KEPT, serial=True)
 def closing_vocab(info: TokenizerInfo) -> ClosingVocab:
     """The closing search's tables for ``info``'s tokenizer (cached: see the module docstring).
 
@@ -246,7 +249,7 @@ _COMMA_KEY = re.compile(rb',[^"]*"[^"]')
 _STRING_COMMA_KEY = re.compile(rb'"[^,]*,[^"]*"[^"]')
 
 
-@bounded("match.vocab.keys", maxsize=TOKENIZERS_KEPT)
+@bounded("match.vocab.keys", maxsize=TOKENIZERS_KEPT, serial=True)
 def key_vocab(info: TokenizerInfo) -> KeyVocab:
     """The key scanner's tables for ``info``'s tokenizer (cached: see the module docstring)."""
     vocab = token_texts(info)
@@ -394,7 +397,7 @@ class ValueVocab:
         return int(np.bitwise_count(row.view(np.uint32)[: len(table)] & table).sum())
 
 
-@bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT)
+@bounded("match.vocab.values", maxsize=TOKENIZERS_KEPT, serial=True)
 def value_vocab(info: TokenizerInfo) -> ValueVocab:
     """The value scanner's tables for ``info``'s tokenizer (cached: see the module docstring)."""
     vocab = token_texts(info)
@@ -435,5 +438,5 @@ def value_vocab(info: TokenizerInfo) -> ValueVocab:
     )
 
 
-for _table in (key_vocab, value_vocab, closing_vocab):  # what the first JSON request would wait for
+for _table in (key_vocab, value_vocab, closing_vocab):  # what a first JSON request would wait for
     prepare_with(_table)

@@ -72,10 +72,12 @@ def test_no_cache_outside_the_registry():
 
 
 def test_the_vocabulary_tables_are_read_once_per_tokenizer(smol_tokenizer):
-    # a TokenizerInfo of its own (padded vocabulary): every table is built here, whatever ran before
-    info = constrain.tokenizer_info(smol_tokenizer, vocab_size=len(smol_tokenizer) + 96)
+    # a TokenizerInfo of its own (padded vocabulary): every table is built for it (asked for here while a
+    # thread of the info's builds them: each is built once, whoever asks first)
     before = caches.stats()["match.vocab.token_texts"]
+    info = constrain.tokenizer_info(smol_tokenizer, vocab_size=len(smol_tokenizer) + 96)
     tables = [vocab.closing_vocab(info), vocab.key_vocab(info), vocab.value_vocab(info), comma_tokens(info)]
+    info.wait_prepared()
     assert vocab.closing_vocab(info) is tables[0] and vocab.key_vocab(info) is tables[1]
     after = caches.stats()["match.vocab.token_texts"]
     assert after["misses"] - before["misses"] == 1  # every table derives from the one read of the vocabulary
@@ -97,6 +99,28 @@ def test_bounded_wraps_lru_cache_and_reports_it():
         caches.register("tests.caches.square", lambda: {})
     with pytest.raises(ValueError, match="positive"):
         caches.bounded("tests.caches.unbounded", maxsize=0)
+
+
+def test_a_serial_cache_builds_a_value_once_for_threads_that_ask_at_once():
+    import threading
+    import time
+
+    calls: list[int] = []
+
+    @caches.bounded("tests.caches.slow_square", maxsize=2, serial=True)
+    def slow_square(x: int) -> int:
+        calls.append(x)
+        time.sleep(0.05)  # a build another thread asks for meanwhile
+        return x * x
+
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(slow_square(3))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [9] * 4 and calls == [3]
+    assert slow_square.cache_info().hits == 3 and caches.stats()["tests.caches.slow_square"]["misses"] == 1
 
 
 def _compiled(schema: str, fingerprint: str = "tok", engine: str = "xgrammar") -> SimpleNamespace:
