@@ -52,11 +52,13 @@ def bounded(name: str, maxsize: int, *, serial: bool = False) -> Callable[[F], F
         register(name, figures)
         if not serial:
             return cached  # type: ignore[return-value]
-        lock = threading.Lock()
+        lock = [threading.Lock()]  # a child forked during a build gets one of its own (the builder is gone)
+        if hasattr(os, "register_at_fork"):  # (POSIX)
+            os.register_at_fork(after_in_child=lambda: lock.__setitem__(0, threading.Lock()))
 
         @functools.wraps(function)
         def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            with lock[0]:
                 return cached(*args, **kwargs)
 
         one_at_a_time.cache_info = cached.cache_info  # type: ignore[attr-defined]

@@ -6,8 +6,10 @@ import ast
 import gc
 import importlib
 import json
+import os
 import pkgutil
 import re
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -121,6 +123,28 @@ def test_a_serial_cache_builds_a_value_once_for_threads_that_ask_at_once():
         thread.join()
     assert results == [9] * 4 and calls == [3]
     assert slow_square.cache_info().hits == 3 and caches.stats()["tests.caches.slow_square"]["misses"] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_serial_cache_works_in_a_child_forked_during_a_build():
+    import threading
+    import time
+
+    @caches.bounded("tests.caches.slow_cube", maxsize=2, serial=True)
+    def slow_cube(x: int) -> int:
+        time.sleep(0.3 if x == 2 else 0)
+        return x**3
+
+    builder = threading.Thread(target=slow_cube, args=(2,))
+    builder.start()
+    time.sleep(0.1)  # the thread holds the cache's lock, in its build
+    pid = os.fork()
+    if pid == 0:  # the child: the builder is not there to let go of the lock
+        signal.alarm(5)  # a deadlock ends the child by SIGALRM
+        os._exit(0 if slow_cube(3) == 27 else 1)
+    builder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 def _compiled(schema: str, fingerprint: str = "tok", engine: str = "xgrammar") -> SimpleNamespace:
