@@ -126,6 +126,7 @@ def test_a_serial_cache_builds_a_value_once_for_threads_that_ask_at_once():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # (Python 3.12+)
 def test_a_serial_cache_works_in_a_child_forked_during_a_build():
     import threading
     import time
