@@ -18,8 +18,9 @@ loop applies a :class:`RepeatedCallFilter` to each filled mask, as it applies th
   close the string with a value some earlier call of that tool holds, each with the text the grammar
   forces after it: so the last string of a call cannot repeat an earlier call through the ``}`` forced
   after it.
-- Inside forced text nothing is filtered (nothing can be avoided there), and a filter that would leave
-  no token forbids nothing: the reply never reaches a dead end. What the filter cannot see it lets
+- Where text is forced, the tokens within it are not filtered (nothing can be avoided there), but those
+  that go on past it are: after ``{}``, where ``}`` is forced, ``},`` chooses the separator. A filter
+  that would leave no token forbids nothing: the reply never reaches a dead end. What the filter cannot see it lets
   through: a started call whose every continuation repeats an earlier one through a choice (an enum
   whose values were all used), or through text forced after a wide mask where it ends a value other
   than a string (a number written at the end of a bound), is written.
@@ -131,14 +132,21 @@ class RepeatedCallFilter:
             parser = parser.fork()
             parser.feed(text)
         done = parser.complete_calls()
-        if not done or matcher.forced_text():
+        if not done:
             return False
         seen = self._seen(done)
         bits = unpack(row)  # [32 * ceil(V / 32)] bool: token t's at t
         allowed = np.count_nonzero(bits)
         pieces = _pieces(self.tokenizer)
-        if allowed <= LOOKAHEAD:
-            tries = [(token, True) for token in np.flatnonzero(bits).tolist()]
+        forced = matcher.forced_text().encode()
+        if allowed <= LOOKAHEAD:  # (where text is forced, a token within it makes no choice: not tried)
+            tries = [
+                (token, True)
+                for token in np.flatnonzero(bits).tolist()
+                if not (forced and token < len(pieces.raw) and forced.startswith(pieces.raw[token]))
+            ]
+        elif forced:
+            return False
         else:
             name = parser.open_call()
             earlier = [arguments for called, arguments in seen if called == name]

@@ -299,6 +299,23 @@ def test_when_only_a_repeat_could_follow_the_calls_end(smol_tokenizer):
     assert single.mask_filter(constrain.compile(single, smol_tokenizer).tokenizer) is None  # one call: no filter
 
 
+def test_a_token_past_forced_text_cannot_start_a_repeated_call(smol_tokenizer):
+    """``get_time({})`` was written three times (greedy SmolLM2, through the server): after ``{}`` the ``}`` is
+    forced, and the token ``},`` went on past it to choose the separator, where the filter did not act. Such
+    tokens are now tried; those within the forced text and the end of the calls stay allowed."""
+    grammar = constrain.tool_calling([PING], tool_choice="required", format="smollm2").constraint()
+    inside = '<tool_call>[{"name": "ping", "arguments": {}'
+    compiled = constrain.compile(grammar, smol_tokenizer)
+    ok, matcher = walk(compiled, token_ids(smol_tokenizer, inside))
+    assert ok and matcher.forced_text() == "}"
+    bitmask = allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    again, brace, end = (_token(smol_tokenizer, text) for text in ("},", "}", "}]"))
+    assert {again, brace, end} <= set(allowed_ids(bitmask[0], compiled.vocab_size))  # the grammar's choice
+    allowed = _allowed_after(grammar, smol_tokenizer, inside)
+    assert again not in allowed and {brace, end} <= allowed
+
+
 @pytest.mark.parametrize(("fmt", "separator"), [("smollm2", ","), ("hermes", "\n")])
 def test_a_model_biased_to_call_again_does_not_repeat_a_call(tiny, fmt, separator):
     bias = {_token(tiny.tokenizer, separator): 100.0}
