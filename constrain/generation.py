@@ -12,7 +12,7 @@ import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from typing_extensions import Unpack
 
@@ -67,8 +67,9 @@ __all__ = [
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when none is given (fewer where the prompt leaves less of the model's context window)."""
 
-Prompt = str | Sequence[dict[str, str]]
-"""A completion prompt, or chat messages (``[{"role": ..., "content": ...}]``) for the chat template."""
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]
+"""A completion prompt, chat messages (``[{"role": ..., "content": ...}]``) for the chat template, or the
+prompt's token ids."""
 
 
 def resolve_constraint(
@@ -99,10 +100,15 @@ def _calls(message: dict[str, Any]) -> bool:
 
 
 def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
-    """The token ids ``prompt`` feeds the model: a string encoded (an empty one: the BOS token alone), or chat
-    messages through the chat template (a ``developer`` message as a system message where the template has no
-    such role: :func:`~constrain.tools.prompts.template_roles`)."""
+    """The token ids ``prompt`` feeds the model: token ids as they are, a string encoded (an empty one: the BOS
+    token alone), or chat messages through the chat template (a ``developer`` message as a system message
+    where the template has no such role: :func:`~constrain.tools.prompts.template_roles`)."""
     tokenizer = handle.tokenizer
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):  # token ids
+        ids = [int(t) for t in cast(Sequence[int], prompt)]
+        if not all(0 <= t < handle.vocab_size for t in ids):
+            raise ValueError(f"a prompt's token ids are in [0, {handle.vocab_size}): {handle.name}'s vocabulary")
+        return ids
     if isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt))
         if not ids and tokenizer.bos_token_id is not None:
@@ -111,15 +117,22 @@ def prompt_ids(handle: ModelHandle, prompt: Prompt) -> list[int]:
             raise ValueError(f"the prompt is empty, and {handle.name}'s tokenizer has no BOS token to start from")
         return ids
     if not prompt or not all(isinstance(m, dict) and "role" in m and ("content" in m or _calls(m)) for m in prompt):
-        raise ValueError("a prompt is a string or a non-empty list of {'role': ..., 'content': ...} messages")
+        raise ValueError(
+            "a prompt is a string, a non-empty list of {'role': ..., 'content': ...} messages, or token ids"
+        )
+    messages = cast(Sequence[dict[str, Any]], prompt)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"{handle.name} has no chat template: pass the prompt as a string")
-    if any(m["role"] == "tool" or _calls(m) for m in prompt):
+    if any(m["role"] == "tool" or _calls(m) for m in messages):
         # a conversation that called tools, continued without them: its calls and their results written as a
         # prompt with tools writes them (a template may know no tool messages, nor an assistant's calls)
         format = tool_format(handle.name)
-        return prompt_ids(handle, render_prompt(handle, prompt, tools=(), choice="none", multiple=False, format=format))
-    text = tokenizer.apply_chat_template(template_roles(tokenizer, prompt), add_generation_prompt=True, tokenize=False)
+        return prompt_ids(
+            handle, render_prompt(handle, messages, tools=(), choice="none", multiple=False, format=format)
+        )
+    text = tokenizer.apply_chat_template(
+        template_roles(tokenizer, messages), add_generation_prompt=True, tokenize=False
+    )
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

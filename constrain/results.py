@@ -55,7 +55,8 @@ class GenerationResult:
     token_ids: list[int]
     usage: Usage
     violations: list[str] = field(default_factory=list)
-    logprobs: list[float] | None = None  # the sampled tokens' logprobs, when asked (NaN: forced by the budget)
+    # the sampled tokens' logprobs, when asked (NaN: a token the budget put in place of the drawn one, out of the top N)
+    logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None  # per token: id -> logprob, when asked
     error: str | None = None  # why finish_reason is "error"
     closed_early: bool = False  # the budget's closing path ended it (finish_reason "length"; still valid)

@@ -207,7 +207,8 @@ class InFlight:
                 self.finish("length")
                 return True
             if vetted != token and self.params.logprobs is not None and self.logprobs:
-                self.logprobs[-1] = math.nan  # the sampler's logprob was for the token it drew
+                # the sampler's logprob was for the token it drew: the vetted one's where its top list holds it
+                self.logprobs[-1] = self.top_logprobs[-1].get(vetted, math.nan) if self.top_logprobs else math.nan
             token = vetted
         if self.matcher is not None and not self.matcher.accept_token(token):
             self.finish("error", f"the grammar rejected token {token}")

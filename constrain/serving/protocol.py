@@ -71,13 +71,16 @@ import itertools
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from constrain.backends.tokenizer import tokenizer_info
 from constrain.constraints.constraint import Constraint, choice, grammar, json_object, json_schema, regex
-from constrain.errors import BeamSearchError, ConstraintError
+from constrain.errors import BeamSearchError, ConstraintError, ToolError
 from constrain.generation import Request
+from constrain.match.vocab import token_texts
 from constrain.models.loading import ModelHandle
 from constrain.results import GenerationResult
 from constrain.tools.calling import ToolCalling, tool_calling
@@ -190,6 +193,17 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+NULL_IS_DEFAULT = frozenset({"n", "stream", "use_beam_search", "logprobs", "parallel_tool_calls"})
+"""Fields that take no null, which OpenAI's clients may send as null to mean the default: left out."""
+
+
+def _without_nulls(data: Any) -> Any:
+    """A request body without the fields of :data:`NULL_IS_DEFAULT` that are null (as if not sent)."""
+    if not isinstance(data, dict):
+        return data
+    return {key: value for key, value in data.items() if value is not None or key not in NULL_IS_DEFAULT}
+
+
 class JsonSchemaFormat(_Body):
     name: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # a label
     description: str | None = None  # a label: not shown to the model
@@ -247,19 +261,19 @@ class _Common(_Body):
     """Fields both endpoints take."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, strict=True)
     min_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # OpenAI's: a signed 64-bit integer
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63, strict=True)  # OpenAI's: a signed 64-bit integer
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=64)
-    stream: bool = False
+    n: int = Field(default=1, ge=1, le=64, strict=True)
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     regex: str | None = None
     grammar: str | None = None
@@ -280,6 +294,8 @@ class _Common(_Body):
     use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.decode.beams)
     best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
+
+    _nulls = model_validator(mode="before")(_without_nulls)
 
     def check(self) -> None:
         """Refuse (:class:`FieldError`, :class:`BeamSearchError`) a field given where it can have no effect,
@@ -388,13 +404,13 @@ class _Common(_Body):
 
 class ChatCompletionRequest(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    logprobs: bool = Field(default=False, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = Field(default=True, strict=True)
 
     def constraint_fields(self) -> list[str]:
         """:meth:`_Common.constraint_fields`, then ``response_format`` where it constrains (a type but text)."""
@@ -421,8 +437,8 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, texts, token ids, lists of token ids
+    logprobs: int | None = Field(default=None, ge=0, le=5, strict=True)
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -466,12 +482,17 @@ def chat_requests(body: ChatCompletionRequest, handle: ModelHandle) -> tuple[Req
     tools = None
     constraint: dict[str, Any] = {}
     if body.tools:
-        tools = tool_calling(
-            body.tools,
-            tool_choice=body.tool_choice or "auto",
-            parallel_tool_calls=body.parallel_tool_calls,
-            format=handle.name,
-        )
+        try:
+            tools = tool_calling(
+                body.tools,
+                tool_choice=body.tool_choice or "auto",
+                parallel_tool_calls=body.parallel_tool_calls,
+                format=handle.name,
+            )
+        except ToolError:
+            raise  # (it names its field)
+        except ValueError as err:  # tool_choice's shape (parallel_tool_calls is a bool here already)
+            raise FieldError("tool_choice", str(err)) from err
         prompt: Any = tools.prompt(handle, messages)
         if tools.constraint() is not None:
             given = body.constraint_fields()  # at most one (check)
@@ -496,9 +517,11 @@ def completion_requests(body: CompletionRequest) -> list[Request]:
     """One generation request per prompt. Raises :class:`FieldError` (or :class:`BeamSearchError`) for a
     field it cannot honour."""
     body.check()
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if not prompts:
-        raise FieldError("prompt", "no prompt given")
+    given = body.prompt
+    single = isinstance(given, str) or (bool(given) and all(isinstance(t, int) for t in given))
+    prompts: list[Any] = [given] if single else list(given)
+    if not prompts or any(not p for p in prompts):
+        raise FieldError("prompt", "no prompt given" if not prompts else "an empty list of token ids")
     return [body.request(p, body.max_tokens, body.logprobs) for p in prompts]
 
 
@@ -511,18 +534,28 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def _number(value: float) -> float | None:
-    """A logprob as JSON can carry it: None for NaN (a token the termination budget forced), and OpenAI's
-    -9999.0 for -inf (no probability at all)."""
-    return None if math.isnan(value) else max(value, -9999.0)
+def _number(value: float) -> float:
+    """A logprob as OpenAI's number: 0.0 for NaN (a token the termination budget put in place of the drawn
+    one, whose own logprob is unknown: the budget left no other), and -9999.0 for -inf (no probability)."""
+    return 0.0 if math.isnan(value) else max(value, -9999.0)
+
+
+def _token_bytes(handle: ModelHandle) -> Sequence[bytes]:
+    """Per token id, its bytes (a token that is part of a character holds part of its UTF-8 bytes, where
+    its decoded text is U+FFFD); empty for special tokens."""
+    info = tokenizer_info(handle.tokenizer, vocab_size=handle.vocab_size, eos_token_ids=list(handle.eos_token_ids))
+    return token_texts(info).texts
 
 
 def chat_logprobs(handle: ModelHandle, ids: list[int], logprobs: list[float], tops: list[dict[int, float]]) -> Any:
-    """OpenAI's ``choice.logprobs`` of a chat completion, for tokens ``ids``."""
+    """OpenAI's ``choice.logprobs`` of a chat completion, for tokens ``ids``: ``bytes`` are the token's
+    own (they join into the UTF-8 of the text where one token holds part of a character)."""
+    pieces = _token_bytes(handle)
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
         text = handle.tokenizer.decode([token])
-        return {"token": text, "logprob": _number(logprob), "bytes": list(text.encode())}
+        raw = pieces[token] if token < len(pieces) and pieces[token] else text.encode()
+        return {"token": text, "logprob": _number(logprob), "bytes": list(raw)}
 
     content = []
     for k, token in enumerate(ids):
@@ -540,8 +573,9 @@ def completion_logprobs(
     return {
         "tokens": tokens,
         "token_logprobs": [_number(lp) for lp in logprobs[: len(ids)]],
-        "top_logprobs": [
-            {handle.tokenizer.decode([t]): _number(lp) for t, lp in top.items()} for top in tops[: len(ids)]
+        "top_logprobs": [  # one per token, as ``tokens`` (empty where none was asked for)
+            {handle.tokenizer.decode([t]): _number(lp) for t, lp in (tops[k] if k < len(tops) else {}).items()}
+            for k in range(len(ids))
         ],
         "text_offset": offsets,
     }

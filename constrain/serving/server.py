@@ -1,8 +1,8 @@
 """An OpenAI-compatible HTTP server: ``constrain serve`` (FastAPI + uvicorn) over one :class:`Engine`.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming as Server-Sent Events in
-OpenAI's chunk format), ``GET /v1/models``, ``GET /health``. Concurrent requests share the engine's
-running batch (continuous batching). A client that disconnects has its request cancelled.
+OpenAI's chunk format), ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health``. Concurrent requests
+share the engine's running batch (continuous batching). A client that disconnects has its request cancelled.
 
 Errors are OpenAI's bodies (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad request
 (malformed body, unknown field, out-of-range sampling value, bad schema/regex/grammar/tools, naming
@@ -309,12 +309,17 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "constrain"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "constrain"}],
-        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        if model != model_name:
+            raise _UnknownModel(model)
+        return card
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest) -> Any:
@@ -427,7 +432,7 @@ async def _chat_stream(
             if rest.content or rest.tool_calls:
                 yield chunk(i, {"content": rest.content, "tool_calls": [delta_json(d) for d in rest.tool_calls]})
             reply = parser.result()
-        yield chunk(i, {}, finish_fields(item, reply))
+        yield chunk(i, {}, _with_violations(finish_fields(item, reply), assistant_reply(item, reply).violations))
     if body.stream_options is not None and body.stream_options.include_usage:
         usage = usage_json(len(submission.requests[0].prompt_ids), results)
         yield _sse(envelope("chat.completion.chunk", rid, handle.name, [], usage=usage))
@@ -453,7 +458,7 @@ async def _completion_stream(
                 yield chunk(i, item.delta, scores=lp)
         else:
             results.append(item)
-            yield chunk(i, "", finish_fields(item, None))
+            yield chunk(i, "", _with_violations(finish_fields(item, None), item.violations))
     if body.stream_options is not None and body.stream_options.include_usage:
         yield _sse(envelope("text_completion", rid, handle.name, [], usage=usage_json(prompt_tokens, results)))
 

@@ -77,6 +77,29 @@ def _chat(server, content="Hi", **kwargs):
 def test_health_and_models(server):
     assert server.raw("GET", "/health") == (200, {"status": "ok"})
     assert [m.id for m in server.client.models.list().data] == [server.model]
+    assert server.client.models.retrieve(server.model).id == server.model  # was a 404
+    with pytest.raises(openai.NotFoundError):
+        server.client.models.retrieve("gpt-4")
+
+
+def test_null_means_the_default(server):
+    """Clients that send every field send null for the defaults: was a 400 for these four."""
+    base = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    fields = {"n": None, "stream": None, "logprobs": None, "parallel_tool_calls": None}
+    status, body = server.raw("POST", "/v1/chat/completions", json.dumps({**base, **fields}).encode())
+    assert status == 200 and len(body["choices"]) == 1 and body["choices"][0]["logprobs"] is None, body
+
+
+def test_completions_take_token_ids(server):
+    tokenizer = server.app.state.engine.handle.tokenizer
+    ids = tokenizer.encode("One, two,", add_special_tokens=False)
+    by_text = server.client.completions.create(model=server.model, prompt="One, two,", max_tokens=5, temperature=0)
+    by_ids = server.client.completions.create(model=server.model, prompt=ids, max_tokens=5, temperature=0)
+    two = server.client.completions.create(model=server.model, prompt=[ids, ids[:1]], max_tokens=5, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text == two.choices[0].text and len(two.choices) == 2
+    assert by_ids.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError):
+        server.client.completions.create(model=server.model, prompt=[10**9], max_tokens=2)
 
 
 def test_plain_chat_with_usage_and_length(server):
@@ -143,6 +166,42 @@ def test_streamed_logprobs_match_the_whole_response(server):
     streamed = [t for c in chunks for t in c.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in whole]
     assert len(streamed) == len(whole) > 0 and all(len(t.top_logprobs) == 2 for t in streamed)
+
+
+def test_logprobs_bytes_are_the_tokens_own_and_every_logprob_a_number(server):
+    """A token holding part of a character: its ``bytes`` were U+FFFD's; they now join into the content's
+    UTF-8. A token the budget forced had a null logprob, which broke ``sum``; each is now a number."""
+    r = _chat(server, extra_body={"choices": ["🎉🚀", "ok"]}, logit_bias=None, seed=0, logprobs=True, max_tokens=12)
+    choice = r.choices[0]
+    assert b"".join(bytes(t.bytes) for t in choice.logprobs.content) == choice.message.content.encode()
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    closed = [_chat(server, response_format=fmt, max_tokens=12, seed=seed, temperature=1.0, logprobs=True).choices[0]
+              for seed in range(4)]  # fmt: skip
+    assert any(c.model_extra.get("closed_early") for c in closed)
+    assert all(isinstance(t.logprob, float) for c in closed for t in c.logprobs.content)
+
+
+def test_a_stream_reports_violations_in_its_last_chunk(server):
+    """A lenient schema cut by a stop string: the whole response's choice has ``violations``; the stream's
+    last chunk had none (a client got broken JSON with ``finish_reason: "stop"`` and no signal)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    kwargs = {"response_format": fmt, "max_tokens": 40, "seed": 3, "stop": ['"']}
+    whole = _chat(server, **kwargs).choices[0]
+    assert whole.model_extra.get("violations"), whole
+    last = [c.choices[0] for c in _chat(server, stream=True, **kwargs) if c.choices][-1]
+    assert last.model_extra.get("violations") == whole.model_extra["violations"]
+    completion = {
+        "model": server.model,
+        "prompt": "One",
+        "max_tokens": 20,
+        "stop": ['"'],
+        "extra_body": {"regex": 'a"b'},
+    }
+    done = server.client.completions.create(**completion).choices[0]
+    streamed = [c.choices[0] for c in server.client.completions.create(stream=True, **completion) if c.choices][-1]
+    assert (
+        done.model_extra.get("violations") and streamed.model_extra.get("violations") == done.model_extra["violations"]
+    )
 
 
 def test_streaming_matches_the_whole_response(server):
@@ -260,6 +319,10 @@ def test_json_schema_without_schema_returns_a_json_object(server):
         ("/v1/chat/completions", {"stop": [1]}, "stop"),  # was "stop.str", a union member's name
         ("/v1/completions", {"stop": {"a": 1}}, "stop"),
         ("/v1/chat/completions", {"max_tokens": "many"}, "max_tokens"),
+        ("/v1/chat/completions", {"max_tokens": True}, "max_tokens"),  # were coerced: 1, 2, a stream, 5
+        ("/v1/chat/completions", {"n": "2"}, "n"),
+        ("/v1/chat/completions", {"stream": "yes"}, "stream"),
+        ("/v1/chat/completions", {"max_tokens": 5.0}, "max_tokens"),
         ("/v1/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
         ("/v1/completions", {"prompt": []}, "prompt"),
     ],
@@ -280,6 +343,8 @@ def test_a_field_that_would_do_nothing_is_refused_by_name(server, path, fields, 
          "tool_choice", "tool_choice names a tool"),  # was "tools"
         ("/v1/chat/completions", {"max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": {
             "name": "p", "schema": PERSON}}}, "max_tokens", "no valid output fits"),  # was null
+        ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice",
+         "tool_choice is"),  # was null
         ("/v1/chat/completions", {"grammar": 'root ::= "a" root'}, "grammar", "matches no finite text"),
         ("/v1/chat/completions", {"structured_outputs": {"json": BAD_SCHEMA}}, "structured_outputs.json",
          "invalid JSON Schema"),
