@@ -249,6 +249,7 @@ class ValueChecks:
         per subschema that holds one itself (``_own``), which keywords those are (``_loose``)."""
         edges: dict[int, tuple[int, ...]] = {}
         stack: list[Any] = [self.root]
+        members: list[dict[str, Any]] = []  # the declared members' subschemas where the grammar leaves them loose
         while stack:
             node = stack.pop()
             if not isinstance(node, dict) or (index := self._loc(node)) in edges:
@@ -256,10 +257,17 @@ class ValueChecks:
             loose = self._beyond(node) | {key for key in everywhere if key in node}
             if loose:
                 self._loose[index] = loose
+            if "properties" in loose and "properties" in everywhere and isinstance(node["properties"], dict):
+                members += [sub for sub in node["properties"].values() if isinstance(sub, dict)]
             subs = [*subschemas(node), self._target(node)]
             edges[index] = tuple(self._loc(sub) for sub in subs if isinstance(sub, dict))
             stack += subs
         self._edges = edges
+        # an open object's grammar lets a declared key's value be any JSON value (specification mode): each
+        # such value is checked whole as it completes (and refused where it begins, when its type cannot
+        # be valid), not only with the object, which a value that cannot be valid left at a dead end
+        for member in members:
+            self._loose[self._loc(member)] = None
         for pointer, keyword in checked:
             if pointer == "" and keyword in everywhere:
                 continue  # schema-wide: each subschema holding the keyword has it above

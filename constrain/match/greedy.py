@@ -155,7 +155,7 @@ def greedy_closing(
     ``deadline`` (a ``time.perf_counter()`` value, checked every 16 tokens; default None: no time
     limit) passed. ``hints``: token sequences worth trying inside free text; ``names``: keys an object
     may have to hold (:func:`~constrain.match.hints.required_keys`), each tried first where a key begins
-    (after ``{"`` or ``,"``) until this path has written it. Deterministic without a ``deadline``. Does
+    (after ``{"`` or ``,"``) until this path has written it in that object. Deterministic without a ``deadline``. Does
     not change ``matcher`` (it walks a fork)."""
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
@@ -167,7 +167,7 @@ def greedy_closing(
     taken: dict[Signature, int] = {}  # where escapes from loops led, how often
     escapes = 0
     tries = TRIES_PER_TOKEN * max_tokens  # moves left to try
-    written: set[bytes] = set()  # the ``names`` this path wrote as keys
+    objects = _Objects()  # the ``names`` this path wrote as keys, per object open
     while len(out) <= max_tokens and (deadline is None or len(out) % 16 or time.perf_counter() < deadline):
         if probe.is_completed():
             return out
@@ -175,6 +175,7 @@ def greedy_closing(
         ids = take_forced(probe, forced, encode, chars) if forced else None
         if ids:
             out += ids
+            objects.feed(ids, vocab)
             streak = 0
             continue
         if streak >= STREAK and escapes < ESCAPES:  # one character again and again: free text, or a loop
@@ -182,17 +183,18 @@ def greedy_closing(
             streak, escapes = 0, escapes + 1
             if escaped is not None:
                 out += escaped
+                objects.feed(escaped, vocab)
                 continue
         # try the priority characters in turn, not into a dead end of the value checks ("a where the
         # array holds "a" already); where a string cannot close yet, the constraint's own examples before
         # the other characters (a date: 2000-01-01, where 0000-... has no valid day)
-        keys = _key_moves(out, names - written, vocab)
+        keys = _key_moves(out, names - objects.keys[-1], vocab)
         pick, tries = _first_move(probe, [ids for _, ids in keys] + moves[:1], bitmask, tries)
         if pick is None:  # the hints that make the string a whole value first (a duration's, not an e-mail's)
             whole = [ids for ids in hints if _closes(probe, ids, moves[0], bitmask)]
             rest = [ids for ids in hints if ids not in whole] + moves[1 + len(hints) :]  # (moves: quote, hints, rest)
             pick, tries = _first_move(probe, whole + rest, bitmask, tries)
-        written.update(name for name, ids in keys if ids == pick)
+        objects.keys[-1].update(name for name, ids in keys if ids == pick)
         if pick is None and tries > 0:
             probe.fill_next_token_bitmask(bitmask)
             by_char = sorted(allowed_among(bitmask[0], vocab.char_ids).tolist(), key=vocab.pieces.__getitem__)
@@ -204,7 +206,37 @@ def greedy_closing(
         streak = streak + len(pick) if pick == last else len(pick)
         last = pick
         out += pick
+        objects.feed(pick, vocab)
     return None
+
+
+class _Objects:
+    """The keys a closing path wrote in each object it has open (innermost last), followed along its bytes:
+    a required key written in an inner object (an open object takes any key) is still to be written in
+    the outer one."""
+
+    __slots__ = ("escaped", "in_string", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[set[bytes]] = [set()]
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, ids: list[int], vocab: ClosingVocab) -> None:
+        for byte in b"".join(vocab.pieces[t] for t in ids):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif byte == 0x5C:  # a backslash escapes the next byte
+                    self.escaped = True
+                elif byte == 0x22:
+                    self.in_string = False
+            elif byte == 0x22:
+                self.in_string = True
+            elif byte == 0x7B:
+                self.keys.append(set())
+            elif byte == 0x7D and len(self.keys) > 1:
+                self.keys.pop()
 
 
 _KEY_START = re.compile(rb'[{,][ \t\n\r]*"$')

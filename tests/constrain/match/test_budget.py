@@ -310,3 +310,25 @@ def test_a_recursive_optional_model_closes_in_both_modes(smol_tokenizer):
             value = json.loads(smol_tokenizer.decode(plan))
             jsonschema.validate(value, TREE)
             assert value["parent"] is None, (mode, value)
+
+
+@pytest.mark.parametrize(
+    ("schema", "shortest"),
+    [
+        # a declared key's value of a type it cannot take: in specification mode the open object's grammar
+        # let it be any JSON value, checked only with the object, and the closing wrote "isMember": ""
+        ({"type": "object", "properties": {"isMember": {"type": "boolean"}, "n": {"type": "string"}},
+          "required": ["isMember"]}, '{"isMember":true}'),
+        # a required key of the outer object written in the inner one (which takes any key) counted as written
+        ({"type": "object", "properties": {"dimensions": {"type": "object", "properties": {"base": {"type": "number"}}},
+          "shape": {"type": "string"}}, "required": ["shape", "dimensions"]}, '{"dimensions":{},"shape":""}'),
+    ],
+)  # fmt: skip
+def test_small_specification_mode_schemas_are_admitted(smol_tokenizer, schema, shortest):
+    """Refused with ``BudgetError`` at every ``max_tokens`` (found generating for Glaive's calculate_area and
+    JSONSchemaBench's JME_37 in specification mode), though a few tokens are a valid output."""
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer)
+    assert compiled.validate(shortest) == []
+    encode = functools.partial(smol_tokenizer.encode, add_special_tokens=False)
+    budget = Budget(compiled.matcher(), encode, 40)
+    assert compiled.validate(smol_tokenizer.decode(budget.plan)) == []

@@ -514,3 +514,22 @@ def test_a_value_of_a_type_its_place_refuses_is_refused_where_it_begins(smol_tok
     for text, valid in (('"x"', False), ("1", False), ("[]", False), ("true", False), ("null", True)):
         probe = compiled.matcher()
         assert (probe.accept_string('{"s":"","email":"a@b.cd","dur":"P1D","parent":' + text + "}")) == valid, text
+
+
+def test_a_declared_keys_value_is_held_to_its_schema_in_an_open_object(smol_tokenizer):
+    """Specification mode on xgrammar: an open object's grammar lets a declared key's value be any JSON
+    value, which was checked only with the whole object (``{"isMember": ""`` was a dead end the mask let in).
+    The value is now refused where it begins, and checked as it completes."""
+    from constrain.match.bitmask import allocate_token_bitmask
+    from constrain.testing import allowed_ids, token_ids, walk
+
+    schema = {"type": "object", "properties": {"isMember": {"type": "boolean"}, "membershipNumber": {"type": "string"}},
+              "required": ["isMember"]}  # fmt: skip
+    compiled = constrain.compile(constrain.json_schema(schema, mode="specification"), smol_tokenizer, engine="xgrammar")
+    ok, matcher = walk(compiled, token_ids(smol_tokenizer, '{"isMember": '))
+    row = allocate_token_bitmask(1, compiled.vocab_size)
+    matcher.fill_next_token_bitmask(row)
+    allowed = {smol_tokenizer.decode([t]) for t in allowed_ids(row[0], compiled.vocab_size)}
+    assert ok and {"t", "f"} <= allowed and not {'"', "0", "[", "{", "n"} & allowed, allowed
+    assert not walk(compiled, token_ids(smol_tokenizer, '{"isMember": "yes"'))[0]
+    assert walk(compiled, token_ids(smol_tokenizer, '{"membershipNumber": "x", "isMember": false, "extra": [1]}'))[0]
