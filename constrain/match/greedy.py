@@ -155,8 +155,8 @@ def greedy_closing(
     ``deadline`` (a ``time.perf_counter()`` value, checked every 16 tokens; default None: no time
     limit) passed. ``hints``: token sequences worth trying inside free text; ``names``: keys an object
     may have to hold (:func:`~constrain.match.hints.required_keys`), each tried first where a key begins
-    (after ``{"`` or ``,"``) until this path has written it in that object. Deterministic without a ``deadline``. Does
-    not change ``matcher`` (it walks a fork)."""
+    (after ``{"`` or ``,"``) until this path has written it in that object. Deterministic without a
+    ``deadline``. Does not change ``matcher`` (it walks a fork)."""
     chars = vocab.char_tokens
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     priority = [chars[c] for c in PRIORITY if c in chars]

@@ -291,8 +291,9 @@ class _Common(_Body):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None  # "auto" only
     guided_whitespace_pattern: Any = None  # refused: REFUSED_FIELDS
-    use_beam_search: bool = False  # vLLM's name: beam search under the constraint (constrain.decode.beams)
-    best_of: int | None = Field(default=None, ge=1, le=64)  # with use_beam_search: the beam width (default: n)
+    # vLLM's name: beam search under the constraint (constrain.decode.beams); best_of: the beam width (default: n)
+    use_beam_search: bool = Field(default=False, strict=True)
+    best_of: int | None = Field(default=None, ge=1, le=64, strict=True)
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)  # beams rank by logprob / length ** this
 
     _nulls = model_validator(mode="before")(_without_nulls)
