@@ -230,7 +230,11 @@ class Budget:
             if initial:
                 initial_closings.put(matcher.compiled, max_tokens, plan)
         if plan is None:
-            raise BudgetError(f"no valid output fits in max_tokens={max_tokens}: no completion that short was found")
+            raise BudgetError(
+                f"no valid output fits in max_tokens={max_tokens} that the closing search found (greedily, then "
+                f"{ADMISSION_NODES} states): raise max_tokens, or pass close_in_budget=False to generate without "
+                "the guarantee of a complete output"
+            )
         self.plan: list[int] = plan  # the closing path from the matcher's state; at most the tokens left long
 
     def vet(self, token: int, remaining: int) -> int | None:
