@@ -231,9 +231,9 @@ class Budget:
                 initial_closings.put(matcher.compiled, max_tokens, plan)
         if plan is None:
             raise BudgetError(
-                f"no valid output fits in max_tokens={max_tokens} that the closing search found (greedily, then "
-                f"{ADMISSION_NODES} states): raise max_tokens, or pass close_in_budget=False to generate without "
-                "the guarantee of a complete output"
+                f"no valid output fits in max_tokens={max_tokens}, of those the closing search found (greedily, "
+                f"then in {ADMISSION_NODES} states): raise max_tokens, or pass close_in_budget=False to generate "
+                "without the guarantee of a complete output"
             )
         self.plan: list[int] = plan  # the closing path from the matcher's state; at most the tokens left long
 
