@@ -257,7 +257,7 @@ class ValueChecks:
             loose = self._beyond(node) | {key for key in everywhere if key in node}
             if loose:
                 self._loose[index] = loose
-            if "properties" in loose and "properties" in everywhere and isinstance(node["properties"], dict):
+            if "properties" in loose and isinstance(node["properties"], dict):  # (loose there: schema-wide)
                 members += [sub for sub in node["properties"].values() if isinstance(sub, dict)]
             subs = [*subschemas(node), self._target(node)]
             edges[index] = tuple(self._loc(sub) for sub in subs if isinstance(sub, dict))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from constrain.jsonscan import START, JsonScan, JsonSyntaxError
 from constrain.match.bitmask import allocate_token_bitmask, allowed_among
 from constrain.match.matcher import Matcher
 from constrain.match.vocab import PRIORITY, ClosingVocab
@@ -211,32 +212,37 @@ def greedy_closing(
 
 
 class _Objects:
-    """The keys a closing path wrote in each object it has open (innermost last), followed along its bytes:
-    a required key written in an inner object (an open object takes any key) is still to be written in
-    the outer one."""
+    """The keys a closing path wrote in each container it has open (innermost last), the containers read by
+    the JSON scanner from the path's bytes: a required key written in an inner object (an open object takes
+    any key) is still to be written in the outer one. Where the path's text is not JSON from its start (a
+    closing from inside a value, a tool call's wrapper), the scan is dropped and one set holds every key,
+    as before the objects were told apart."""
 
-    __slots__ = ("escaped", "in_string", "keys")
+    __slots__ = ("keys", "scan")
 
     def __init__(self) -> None:
         self.keys: list[set[bytes]] = [set()]
-        self.in_string = False
-        self.escaped = False
+        self.scan: JsonScan | None = START
 
     def feed(self, ids: list[int], vocab: ClosingVocab) -> None:
-        for byte in b"".join(vocab.pieces[t] for t in ids):
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif byte == 0x5C:  # a backslash escapes the next byte
-                    self.escaped = True
-                elif byte == 0x22:
-                    self.in_string = False
-            elif byte == 0x22:
-                self.in_string = True
-            elif byte == 0x7B:
-                self.keys.append(set())
-            elif byte == 0x7D and len(self.keys) > 1:
-                self.keys.pop()
+        if self.scan is None:
+            return
+        try:
+            self.scan = self.scan.feed(b"".join(vocab.pieces[t] for t in ids), self, texts=False)
+        except JsonSyntaxError:
+            self.scan, self.keys = None, [set().union(*self.keys)]
+
+    def open(self, is_object: bool) -> None:  # (JsonEvents)
+        self.keys.append(set())
+
+    def close(self) -> None:
+        self.keys.pop()
+
+    def key(self, text: bytes) -> None:
+        pass
+
+    def value(self, text: bytes) -> None:
+        pass
 
 
 _KEY_START = re.compile(rb'[{,][ \t\n\r]*"$')
