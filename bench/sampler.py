@@ -426,7 +426,7 @@ def main() -> None:
     if args.shapes:
         shapes = [(int(b), int(v)) for b, v in (shape.split("x") for shape in args.shapes.split(","))]
     for batch, vocab in [] if args.bitmask_only else shapes:
-        slow = max(1, min(reps, 200 // batch))
+        slow = min(reps, max(5, 200 // batch))  # the slow systems' medians: of 5 at least (they vary most)
         r = bench_pipeline(batch, vocab, args.device, reps, slow, clock=clock)
         pipeline.append({"batch": batch, "vocab": vocab, "us": r})
         print(_row(batch, vocab, r), flush=True)
@@ -436,7 +436,7 @@ def main() -> None:
             "\nIssue 16's mix (temperature + top-p, top-k + top-p, min-p + repetition over 200 prompt tokens, greedy)"
         )
         print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
-        r = bench_pipeline(64, 128_256, args.device, reps, max(1, min(reps, 3)), ISSUE_MIX, 200, 0, clock=clock)
+        r = bench_pipeline(64, 128_256, args.device, reps, min(reps, 5), ISSUE_MIX, 200, 0, clock=clock)
         print(_row(64, 128_256, r), flush=True)
         mix = {"batch": 64, "vocab": 128_256, "us": r}
     if args.profile:

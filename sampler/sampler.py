@@ -154,9 +154,9 @@ class Sampler:
             tied_rows, tied_kth = self._sample_windows(logits, md, maxima, u, token_ids, dead)
         if rows.numel():  # 6.-10. for the rest
             n_min_p, any_top_p = (facts.full_min_p, facts.full_top_p) if facts else (None, None)
-            self._sample_full(logits, md, rows, kth, u, token_ids, dead, owned, n_min_p, any_top_p)
+            self._sample_full(logits, md, rows, kth, u, token_ids, dead, owned, n_min_p, any_top_p, maxima)
         if tied_rows is not None and tied_rows.numel():
-            self._sample_full(logits, md, tied_rows, tied_kth, u, token_ids, dead, False, None, None)
+            self._sample_full(logits, md, tied_rows, tied_kth, u, token_ids, dead, False, None, None, maxima)
         token_ids[dead] = -1
 
         logprobs = None
@@ -219,10 +219,13 @@ class Sampler:
         owned: bool,
         n_min_p: int | None,
         any_top_p: bool | None,
+        # [B, ceil(V / 256)] or None: block_max(logits), where another stage read it
+        maxima: torch.Tensor | None,
     ) -> None:
         """Sample rows over the whole vocabulary, without sorting; ``owned``: ``logits`` may be overwritten.
         ``n_min_p`` (how many of ``rows`` have a min-p) and ``any_top_p`` (whether one has a top-p), where
-        the host knows them (None: read from the tensors; on a GPU each waits for the device).
+        the host knows them (None: read from the tensors; on a GPU each waits for the device). The rows'
+        maxima come from ``maxima`` where given (top-k keeps each row's maximum), saving a pass.
 
         The weights are ``2 ** ((x - max) * log2(e) / T)``: a softmax without its normalising
         pass (``exp2`` vectorises on CPUs, where ``exp`` takes a slow path for ``-inf``). Min-p
@@ -245,17 +248,18 @@ class Sampler:
             torch.index_select(logits, 0, rows, out=scaled)
             if kth is not None:  # 7. (k > 128, or ties at the k-th logit)
                 scaled.masked_fill_(scaled < kth.unsqueeze(1), float("-inf"))
-        row_max = scaled.amax(-1)  # [f]
+        row_max = maxima[rows].amax(-1) if maxima is not None else scaled.amax(-1)  # [f]
         row_dead = row_max == float("-inf")
         dead[rows] = row_dead
         scale = _LOG2E / md.temperature[rows]  # [f]  6.
-        scaled.sub_(torch.where(row_dead, 0.0, row_max).unsqueeze(1)).mul_(scale.unsqueeze(1))  # [f, V]: 0 at the max
-        if n_min_p:  # min-p rows: max weight 1 / min_p
-            scaled[:n_min_p].sub_(min_p[:n_min_p].clamp(min=_MIN_P_FLOOR).log2().unsqueeze(1))
+        offset = torch.where(row_dead, 0.0, row_max)  # [f]: weight 1 at the max
+        if n_min_p:  # min-p rows: weight 1 / min_p at the max, in the same pass
+            offset[:n_min_p] += min_p[:n_min_p].clamp(min=_MIN_P_FLOOR).log2() / scale[:n_min_p]
+        scaled.sub_(offset.unsqueeze(1)).mul_(scale.unsqueeze(1))  # [f, V]
         probs = scaled.exp2_()  # [f, V] unnormalised; 0 on dead rows
-        total = None  # [f] float64: the mass top-p is a share of, where min-p filters
+        total = None  # [n_min_p] float64: the mass top-p is a share of, where min-p filters
         if n_min_p:  # 9.
-            total = probs.sum(-1).double()
+            total = probs[:n_min_p].sum(-1).double()
             torch.threshold_(probs[:n_min_p], _BELOW_ONE, 0.0)
         scratch = self._buffer("scratch", 2 * f, vocab, logits.device)
         token_ids[rows] = sample_top_p_rejection(

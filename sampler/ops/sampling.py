@@ -185,7 +185,8 @@ def sample_top_p_rejection(
     u: torch.Tensor,
     # [>= 2n, V] float32 or None: scratch space, overwritten (allocated if None)
     scratch: torch.Tensor | None = None,
-    # [n] float64 or None: the mass top-p is a share of (min-p filtered rows: before filtering); None: probs' sum
+    # [t] float64 or None, t <= n: the mass top-p is a share of, for the first t rows (min-p filtered rows:
+    # before filtering); the other rows' is their probs' sum
     total: torch.Tensor | None = None,
     *,
     any_top_p: bool | None = None,
@@ -213,7 +214,10 @@ def sample_top_p_rejection(
     work, subset = scratch[:n], scratch[n : 2 * n]  # [n, V] each
     rounds = u.shape[1] - 1
     first_blocks = block_sums(probs)  # [n, num_blocks]
-    target = (first_blocks.sum(-1) if total is None else total) * top_p.double()  # [n] nucleus mass
+    target = first_blocks.sum(-1)  # [n] the mass top-p is a share of
+    if total is not None:
+        target[: total.numel()] = total
+    target *= top_p.double()  # [n] nucleus mass
     tested = (top_p < 1) & (target > 0)  # [n] rows whose draw may be refused
     tokens = inverse_cdf_sample(probs, u[:, 0], first_blocks)  # [n] round 0
     if not (any_top_p if any_top_p is not None else bool((top_p < 1).any())):

@@ -249,7 +249,7 @@ def test_non_contiguous_logits_like_a_models_last_position(device):
     assert torch.equal(got.token_ids, expected.token_ids)
 
 
-@pytest.mark.parametrize("vocab", [1, 100, 256, 600, 1000])
+@pytest.mark.parametrize("vocab", [1, 100, 256, 600, 1000, 4096, 4100])
 def test_block_argmax_and_topk_equal_torchs(vocab):
     """The block ops read maxima of 256-token blocks first; they must equal argmax / topk exactly,
     ties, -inf and a last, shorter block included."""
@@ -263,7 +263,7 @@ def test_block_argmax_and_topk_equal_torchs(vocab):
     best, ids = block_argmax(logits, rows, maxima)
     assert torch.equal(ids, logits[rows].argmax(-1))
     assert torch.equal(best, logits[rows].amax(-1))
-    for width in {1, min(7, vocab), min(129, vocab), vocab}:
+    for width in {1, min(7, vocab), min(50, vocab), min(129, vocab), vocab}:
         values, top_ids = block_topk(logits, rows, maxima, width)
         assert torch.equal(values, logits[rows].topk(width, -1).values)
         assert ((top_ids >= 0) & (top_ids < vocab)).all()
