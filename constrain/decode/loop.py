@@ -494,8 +494,8 @@ class DecodeLoop:
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
         :class:`~constrain.models.cost.ForwardCost`, else the model's (:func:`~constrain.models.cost.forward_cost`,
-        measured once per machine, up to the passes of one draft per row at least: past the knee the cost
-        grows about linearly, as the last segment extrapolates)."""
+        measured once per machine, up to the passes of one draft per row at least: past that, the cost grows
+        in proportion to the tokens fed)."""
         return (self.forward_cost or cost.forward_cost(self.handle.model, upto=2 * batch)).relative(batch, width)
 
 

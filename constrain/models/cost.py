@@ -52,9 +52,10 @@ DRIFT = 2.0
 of a shared machine does not pass for a drift."""
 
 KNEE = 2.0
-"""A measurement stops at the first pass that costs this many times a one-token pass: past it the
-cost grows about linearly, as the last segment extrapolates (SmolLM2-135M on 2 CPU cores stops at 64
-tokens, about half a second in all; a GPU, flat much longer, goes on to larger passes)."""
+"""A measurement stops at the first pass that costs this many times a one-token pass and reaches the widest
+pass asked about: past it the cost grows about in proportion to the tokens, as :meth:`ForwardCost.seconds_for`
+extrapolates (SmolLM2-135M on 2 CPU cores stops at 64 tokens, about half a second in all; a GPU, flat much
+longer, goes on to larger passes)."""
 
 CONTEXT_TOKENS = 16
 """Tokens already in the throwaway KV cache of each timed pass, as in decoding."""
@@ -70,7 +71,14 @@ def cache_keyword(model: Any) -> str:
 @dataclass(frozen=True)
 class ForwardCost:
     """Seconds of one forward pass by the number of tokens it feeds (all rows together), linear between
-    the points given and past the last one (along the last segment).
+    the points given and, past the last one, in proportion to the tokens (a table of one point: every
+    pass costs the same, a cost under which drafts are free).
+
+    Past the last point the cost is not read along the last segment: a table measured flat so far (a
+    pass's cost set by reading the weights, on a CPU with little memory bandwidth: 1 to 16 tokens took
+    177 ms each for SmolLM2-135M in float32 on an AMD EPYC, AVX2) would call any wider pass free, and a
+    batch of 8 rows then fed 14 drafts each in passes that cost 2 to 3 times a plain one. In proportion is
+    what a compute-bound pass costs, so a pass past the table is never taken for cheaper than it is.
 
     Parameters
     ----------
@@ -103,7 +111,9 @@ class ForwardCost:
         """Seconds of a pass feeding ``tokens`` tokens (at least 1)."""
         if len(self.tokens) == 1:
             return self.seconds[0]
-        k = min(max(bisect.bisect_left(self.tokens, tokens), 1), len(self.tokens) - 1)  # segment [k - 1, k]
+        if tokens > self.tokens[-1]:
+            return self.seconds[-1] * tokens / self.tokens[-1]
+        k = max(bisect.bisect_left(self.tokens, tokens), 1)  # segment [k - 1, k]
         (t0, t1), (s0, s1) = self.tokens[k - 1 : k + 1], self.seconds[k - 1 : k + 1]
         return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
 
