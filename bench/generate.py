@@ -35,6 +35,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
 from constrain.decode import loop  # noqa: E402
+from constrain.decode.drafts import MAX_DRAFT  # noqa: E402
 from constrain.models.cost import ForwardCost, forward_cost  # noqa: E402
 
 gen = importlib.import_module("constrain.generation")
@@ -164,7 +165,7 @@ def overview(handle: constrain.ModelHandle, repeats: int) -> None:
 def speculation(handle: constrain.ModelHandle, repeats: int) -> None:
     """The speculation table: off, adaptive and every draft, per workload, at batch 1 and 8, greedy and
     sampled (medians of ``repeats``)."""
-    cost = forward_cost(handle.model)  # measured here, outside the timed runs
+    cost = forward_cost(handle.model, upto=8 * (1 + MAX_DRAFT))  # measured here, outside the timed runs
     curve = ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in zip(cost.tokens, cost.seconds, strict=True))
     print(f"forward cost (tokens fed: ms): {curve}; one draft per row costs {cost.relative(1, 2):.2f}x at "
           f"batch 1, {cost.relative(8, 2):.2f}x at batch 8\n")  # fmt: skip

@@ -494,9 +494,11 @@ class DecodeLoop:
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
         :class:`~constrain.models.cost.ForwardCost`, else the model's (:func:`~constrain.models.cost.forward_cost`,
-        measured once per machine, up to the passes of one draft per row at least: past that, the cost grows
-        in proportion to the tokens fed)."""
-        return (self.forward_cost or cost.forward_cost(self.handle.model, upto=2 * batch)).relative(batch, width)
+        measured once per machine, up to the widest pass a batch of this size may feed, where the context
+        window allows: a table that stops at its knee reads wider passes in proportion to the tokens, and on an
+        AVX2 CPU, where a one-token pass is a cheap matrix-vector product, that knee comes at 3 tokens)."""
+        upto = batch * (1 + MAX_DRAFT)
+        return (self.forward_cost or cost.forward_cost(self.handle.model, upto=upto)).relative(batch, width)
 
 
 @contextlib.contextmanager
