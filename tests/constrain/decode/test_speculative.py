@@ -291,7 +291,7 @@ def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, 
 
 def test_forward_cost_table():
     cost = ForwardCost(tokens=(1, 5), seconds=(1.0, 2.0))
-    assert cost.seconds_for(3) == 1.5 and cost.seconds_for(10) == 4.0  # between the points; past the last, in proportion
+    assert cost.seconds_for(3) == 1.5 and cost.seconds_for(10) == 4.0  # between points; past the last: in proportion
     assert cost.relative(1, 1) == 1.0 and cost.relative(2, 2) == pytest.approx(1.75 / 1.25)
     assert FREE.relative(8, 17) == 1.0
     flat = ForwardCost(tokens=(1, 2, 16), seconds=(1.0, 1.7, 1.7))  # an AVX2 CPU's: flat as far as it was measured
