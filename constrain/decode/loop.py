@@ -430,6 +430,12 @@ class DecodeLoop:
         width = 1 + max((len(d) for d in self._drafts), default=0)
         for i, first in rejected:
             self._mask[i, self._mask.shape[1] - width + first :] = 0
+        if rejected and mergeable(self._cache):  # drop the block's last columns that every row rejected
+            attended = self._mask[:, -width:].any(0).nonzero()  # [n, 1]: the block's columns some row attends to
+            unused = width - (int(attended[-1]) + 1 if len(attended) else 0)
+            if unused:
+                self._cache.crop(-unused)
+                self._mask = self._mask[:, :-unused]  # [b, T - unused]
         return keep
 
     def _select(self, keep: list[int]) -> None:
@@ -493,12 +499,13 @@ class DecodeLoop:
 
     def _relative_cost(self, batch: int, width: int) -> float:
         """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
-        :class:`~constrain.models.cost.ForwardCost`, else the model's (:func:`~constrain.models.cost.forward_cost`,
-        measured once per machine, up to the widest pass a batch of this size may feed, where the context
-        window allows: a table that stops at its knee reads wider passes in proportion to the tokens, and on an
-        AVX2 CPU, where a one-token pass is a cheap matrix-vector product, that knee comes at 3 tokens)."""
-        upto = batch * (1 + MAX_DRAFT)
-        return (self.forward_cost or cost.forward_cost(self.handle.model, upto=upto)).relative(batch, width)
+        :class:`~constrain.models.cost.ForwardCost`, else the model's for this batch size
+        (:func:`~constrain.models.cost.forward_cost`: timed once per machine on the batch's rows, up to the
+        widest pass a row may feed, where the context window allows. A table that stops at its knee reads
+        wider passes in proportion to the tokens, and on an AVX2 CPU, where a one-token pass is a cheap
+        matrix-vector product, that knee comes at 3 tokens)."""
+        table = self.forward_cost or cost.forward_cost(self.handle.model, batch=batch, width=1 + MAX_DRAFT)
+        return table.relative(batch, width)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
-"""What a forward pass costs, by the number of tokens it feeds: measured once per model and machine, saved on disk.
+"""What a forward pass costs, by the number of tokens it feeds: measured once per model, machine and batch size
+(rounded down to a power of two), saved on disk.
 
 Speculative decoding pays only where a wider pass costs little more than a narrow one. A batch of
 ``b`` rows, each fed ``w`` tokens (the last token and its drafts, rows padded to the widest), feeds
 ``b * w`` tokens; its cost against plain decoding (``w = 1``) is ``seconds(b * w) / seconds(b)``
-(:meth:`ForwardCost.relative`). Measured with SmolLM2-135M in bfloat16 on this project's 2-core CPU
+(:meth:`ForwardCost.relative`), read from passes timed at that batch's shape (:func:`forward_cost`):
+one row of 16 tokens and 8 rows of 2 differ in more than the attention over each row's context. Measured with SmolLM2-135M in bfloat16 on this project's 2-core CPU
 (:func:`measure_forward_cost`, 0.47 s): 33 ms for 1 token, 37 for 4, 46 for 16, 85 for 64; batch 8 at
 width 2 took 50 ms (the curve: 46) and at width 5, 70 ms (the curve: 66). So one draft per row costs
 4% more at batch 1 and 15% at batch 8.
@@ -15,7 +17,6 @@ import bisect
 import copy
 import hashlib
 import inspect
-import itertools
 import json
 import os
 import platform
@@ -33,18 +34,21 @@ from constrain.models.loading import cache_dir
 __all__ = [
     "DRIFT",
     "KNEE",
+    "METHOD",
     "MEASURE_TOKENS",
     "ForwardCost",
+    "batch_rows",
     "cache_keyword",
     "forward_cost",
     "measure_forward_cost",
+    "non_decreasing",
     "saved_cost_path",
 ]
 
 MEASURE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 1024)
-"""Tokens per timed forward pass, in order, until one costs :data:`KNEE` times a one-token pass: dense where
-batches run (a batch of ``b`` rows one draft wide feeds ``2 b`` tokens), so that the curve is read where it
-was measured, not interpolated across a knee."""
+"""Tokens per row of each timed forward pass, in order, until one costs :data:`KNEE` times a one-token pass:
+dense where decoding runs (a row one draft wide feeds 2 tokens), so that the curve is read where it was
+measured, not interpolated across a knee."""
 
 DRIFT = 2.0
 """A saved cost is measured again when a one-token pass now takes this many times more or less than it says
@@ -124,61 +128,92 @@ class ForwardCost:
 
 
 def measure_forward_cost(
-    model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS, repeats: int = 3, upto: int = 1
+    model: Any, *, tokens: tuple[int, ...] = MEASURE_TOKENS, repeats: int = 3, upto: int = 1, rows: int = 1
 ) -> ForwardCost:
     """Time forward passes of ``model`` (a transformers causal LM, where its parameters live) feeding
-    ``tokens[i]`` tokens after :data:`CONTEXT_TOKENS` in a throwaway KV cache. The first sweep stops
-    after the first size that costs :data:`KNEE` times the first and reaches ``upto`` tokens (the widest
-    pass the caller will ask about), or at the model's context window;
+    ``rows`` rows of ``tokens[i]`` tokens each, after :data:`CONTEXT_TOKENS` per row in a throwaway KV
+    cache, and a one-token pass first: a table of ``1, rows * tokens[0], rows * tokens[1]...`` tokens.
+    The first sweep stops after the first size that costs :data:`KNEE` times the first and reaches
+    ``upto`` tokens per row (the widest pass the caller will ask about), or at the model's context window;
     ``repeats`` sweeps in all, each size keeping its fastest pass (the others met a busy machine, and
-    sweeping rather than repeating in place spreads a burst of load over sizes), made non-decreasing.
-    Does not change the model."""
-    if not tokens or tokens[0] != 1 or repeats < 1:
-        raise ValueError(f"tokens must start at 1 and repeats be at least 1, got {tokens} and {repeats}")
+    sweeping rather than repeating in place spreads a burst of load over sizes), made non-decreasing by
+    :func:`non_decreasing`. Does not change the model."""
+    if not tokens or tokens[0] != 1 or repeats < 1 or rows < 1:
+        raise ValueError(f"tokens must start at 1, repeats and rows be at least 1, got {tokens}, {repeats}, {rows}")
     device = next(model.parameters()).device
     vocab = int(model.get_output_embeddings().weight.shape[0])
     keyword = cache_keyword(model)
     room = int(getattr(model.config, "max_position_embeddings", 1 << 30)) - CONTEXT_TOKENS
 
-    def timed(n: int) -> float:
-        ids = (torch.arange(n, device=device) % vocab).unsqueeze(0)  # [1, n]
-        mask = torch.ones(1, CONTEXT_TOKENS + n, dtype=torch.long, device=device)  # [1, C + n]
-        positions = torch.arange(CONTEXT_TOKENS, CONTEXT_TOKENS + n, device=device).unsqueeze(0)  # [1, n]
-        cache = {keyword: copy.deepcopy(getattr(context, keyword))}
+    def timed(b: int, n: int) -> float:
+        ids = (torch.arange(b * n, device=device) % vocab).view(b, n)  # [b, n]
+        mask = torch.ones(b, CONTEXT_TOKENS + n, dtype=torch.long, device=device)  # [b, C + n]
+        positions = torch.arange(CONTEXT_TOKENS, CONTEXT_TOKENS + n, device=device).expand(b, n)  # [b, n]
+        cache = {keyword: copy.deepcopy(getattr(contexts[b], keyword))}
         began = time.perf_counter()
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
         out.logits[0, -1, 0].item()  # waits for the device
         return time.perf_counter() - began
 
-    sizes: list[int] = []
-    best: list[float] = []  # seconds of a pass of sizes[i] tokens
+    shapes: list[tuple[int, int]] = []  # (rows, tokens per row) of each size
+    best: list[float] = []  # seconds of a pass of each shape
     with torch.inference_mode():
-        context = model(input_ids=torch.zeros(1, CONTEXT_TOKENS, dtype=torch.long, device=device), use_cache=True)
-        for n in tokens:
-            if n > room or (best and best[-1] >= KNEE * best[0] and sizes[-1] >= upto):
+        contexts = {b: model(input_ids=torch.zeros(b, CONTEXT_TOKENS, dtype=torch.long, device=device), use_cache=True)
+                    for b in {1, rows}}  # fmt: skip
+        for b, n in [(1, 1)] + [(rows, n) for n in tokens if rows > 1 or n > 1]:
+            if n > room or (len(best) > 1 and best[-1] >= KNEE * best[0] and shapes[-1][1] >= upto):
                 break
-            sizes.append(n)
-            best.append(timed(n))
+            shapes.append((b, n))
+            best.append(timed(b, n))
         for _ in range(repeats - 1):
-            best = [min(b, timed(n)) for b, n in zip(best, sizes, strict=True)]
-    return ForwardCost(tuple(sizes), tuple(itertools.accumulate(best, max)))
+            best = [min(t, timed(b, n)) for t, (b, n) in zip(best, shapes, strict=True)]
+    return ForwardCost(tuple(b * n for b, n in shapes), tuple(non_decreasing(best)))
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in squared error (pool adjacent violators): a run that
+    decreases is replaced by its mean. Not a running maximum: one pass timed slow (a busy moment, or a
+    kernel that handles 3 rows worse than 8) would then flatten every size after it, and a flat stretch
+    reads as free drafts (on an AMD EPYC, AVX2: 3 tokens timed at 201 ms made 4 to 16 tokens cost the same,
+    so a batch of 8 fed a draft per row for 1% more, where it cost 19% more). Pure."""
+    blocks: list[tuple[float, int]] = []  # (sum, count) of each pooled run
+    for value in values:
+        total, count = value, 1
+        while blocks and blocks[-1][0] * count > total * blocks[-1][1]:  # the run before has the higher mean
+            before, n = blocks.pop()
+            total, count = total + before, count + n
+        blocks.append((total, count))
+    return [total / count for total, count in blocks for _ in range(count)]
 
 
 _measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ForwardCost]] = weakref.WeakKeyDictionary()
-"""Per model (dropped with it), per (device, dtype) of its parameters: its measured cost."""
+"""Per model (dropped with it), per (device, dtype) of its parameters and rows measured: its measured cost."""
 register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
 
-def saved_cost_path(model: Any) -> Path:
-    """Where ``model``'s cost is saved: under :func:`~constrain.models.loading.cache_dir`, named by what the
-    cost depends on (the model's class and configuration, where its parameters live and their dtype, the
-    processor, torch's thread count and version), not by the weights' values."""
+METHOD = "rows, pooled"
+"""How a saved cost was measured, part of its name: a cost measured another way is measured again."""
+
+
+def batch_rows(batch: int) -> int:
+    """The rows of the passes timed for a batch of ``batch`` rows: the largest power of two not above it, so
+    that a batch that shrinks as its rows finish reads a table measured once for its size class."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    return 1 << (batch.bit_length() - 1)
+
+
+def saved_cost_path(model: Any, rows: int = 1) -> Path:
+    """Where ``model``'s cost timed on ``rows`` rows is saved: under :func:`~constrain.models.loading.cache_dir`,
+    named by what the cost depends on (the model's class and configuration, where its parameters live and
+    their dtype, the processor, torch's thread count and version, the rows, :data:`METHOD`), not by the
+    weights' values."""
     parameter = next(model.parameters())
     device = parameter.device
     processor = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     config = model.config.to_json_string() if hasattr(model, "config") else ""
     what = [type(model).__qualname__, config, str(device), str(parameter.dtype), processor,
-            str(torch.get_num_threads()), torch.__version__]  # fmt: skip
+            str(torch.get_num_threads()), torch.__version__, rows, METHOD]  # fmt: skip
     return cache_dir() / "forward_cost" / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]}.json"
 
 
@@ -193,41 +228,44 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def forward_cost(model: Any, *, upto: int = 1) -> ForwardCost:
-    """``model``'s :class:`ForwardCost` where its parameters now live, measured up to passes of ``upto``
-    tokens at least (where the context window allows), and the same in every process on this machine:
-    read from disk (:func:`saved_cost_path`) where a process measured it before, else measured
-    (:func:`measure_forward_cost`, about a second on a CPU) and saved; then remembered for as long as the
-    model lives. A saved cost whose one-token pass no longer matches this machine (:data:`DRIFT`), or that
-    stops short of ``upto`` tokens, is measured again. Since the drafts a batch feeds follow from this
-    cost, a cost read from disk makes them, and so seeded outputs, the same across processes (where a
-    wider pass changes the logits' last bits: bfloat16)."""
+def forward_cost(model: Any, *, batch: int = 1, width: int = 1) -> ForwardCost:
+    """``model``'s :class:`ForwardCost` for a batch of ``batch`` rows where its parameters now live: passes timed
+    on :func:`batch_rows` rows, up to ``width`` tokens per row at least (where the context window allows),
+    and the same in every process on this machine: read from disk (:func:`saved_cost_path`) where a process
+    measured it before, else measured (:func:`measure_forward_cost`: a second for one row on a CPU, 10 s
+    for 8 rows 17 tokens wide on a 2-core AVX2 CPU) and saved; then remembered for as long as the model
+    lives. A saved cost whose one-token pass no longer matches this machine (:data:`DRIFT`), or that stops
+    short of ``width``, is measured again. Since the drafts a batch feeds follow from this cost, a cost
+    read from disk makes them, and so seeded outputs, the same across processes (where a wider pass
+    changes the logits' last bits: bfloat16)."""
     parameter = next(model.parameters())
-    key = (str(parameter.device), str(parameter.dtype))
+    rows = batch_rows(batch)
+    key = (str(parameter.device), str(parameter.dtype), rows)
     costs = _measured.setdefault(model, {})
-    if key not in costs or not _covers(costs[key], model, upto):
-        costs[key] = _saved_or_measured(model, upto)
+    if key not in costs or not _covers(costs[key], model, rows, width):
+        costs[key] = _saved_or_measured(model, rows, width)
     return costs[key]
 
 
-def _covers(cost: ForwardCost, model: Any, upto: int) -> bool:
-    """Whether ``cost`` was measured up to ``upto`` tokens, or as far as ``model``'s context window goes."""
+def _covers(cost: ForwardCost, model: Any, rows: int, width: int) -> bool:
+    """Whether ``cost`` was measured up to ``width`` tokens per row, or as far as ``model``'s context window goes."""
     room = int(getattr(model.config, "max_position_embeddings", 1 << 30)) - CONTEXT_TOKENS
-    return cost.tokens[-1] >= min(upto, room) or cost.tokens[-1] == max(n for n in MEASURE_TOKENS if n <= room)
+    widest = cost.tokens[-1] // rows
+    return widest >= min(width, room) or widest == max(n for n in MEASURE_TOKENS if n <= room)
 
 
-def _saved_or_measured(model: Any, upto: int) -> ForwardCost:
-    path = saved_cost_path(model)
+def _saved_or_measured(model: Any, rows: int, width: int) -> ForwardCost:
+    path = saved_cost_path(model, rows)
     try:
         saved = json.loads(path.read_text())
         cost = ForwardCost(tuple(saved["tokens"]), tuple(saved["seconds"]))
     except (OSError, ValueError, KeyError, TypeError):
         cost = None
-    if cost is not None and _covers(cost, model, upto):
+    if cost is not None and _covers(cost, model, rows, width):
         now = measure_forward_cost(model, tokens=(1,), repeats=5).seconds[0]
         if 1 / DRIFT <= now / cost.seconds[0] <= DRIFT:
             return cost
-    cost = measure_forward_cost(model, upto=max(upto, cost.tokens[-1] if cost is not None else 1))
+    cost = measure_forward_cost(model, upto=max(width, cost.tokens[-1] // rows if cost is not None else 1), rows=rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"tokens": cost.tokens, "seconds": cost.seconds}))

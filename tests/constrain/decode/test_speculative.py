@@ -23,7 +23,7 @@ from constrain.decode.speculative import (
     plan_drafts,
 )
 from constrain.generation import admit, generate
-from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost
+from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost, non_decreasing
 
 SCHEMA = {
     "type": "object",
@@ -266,9 +266,9 @@ def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, 
     original = handle.model.forward
 
     def timed(*args, **kwargs):
-        if "position_ids" in kwargs:  # a timed pass (the context's comes first, untimed)
-            passes.append(kwargs["input_ids"].shape[1])
-            now[0] += speed[0] * (1 + kwargs["input_ids"].shape[1]) * 1e-3
+        if "position_ids" in kwargs:  # a timed pass (the contexts' come first, untimed)
+            passes.append(tuple(kwargs["input_ids"].shape))
+            now[0] += speed[0] * (1 + kwargs["input_ids"].numel()) * 1e-3
         return original(*args, **kwargs)
 
     monkeypatch.setattr(handle.model, "forward", timed)
@@ -277,16 +277,24 @@ def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, 
     assert cost.saved_cost_path(handle.model).is_file() and first.tokens[-1] >= 2
     cost._measured.clear()  # as in a new process
     passes.clear()
-    assert forward_cost(handle.model) == first and passes == [1] * 5  # the drift check: five one-token passes
+    assert forward_cost(handle.model) == first and passes == [(1, 1)] * 5  # the drift check: five one-token passes
     cost._measured.clear()
     speed[0] = 3.0  # another machine under the same name
     slower = forward_cost(handle.model)
     assert slower.seconds[0] == pytest.approx(3 * first.seconds[0])
     passes.clear()
-    wide = forward_cost(handle.model, upto=4 * first.tokens[-1])  # a batch whose passes go past the table
-    assert wide.tokens[-1] >= 4 * first.tokens[-1] and max(passes) >= 4 * first.tokens[-1]
+    wide = forward_cost(handle.model, width=4 * first.tokens[-1])  # drafts wider than the table
+    assert wide.tokens[-1] >= 4 * first.tokens[-1] and max(passes) >= (1, 4 * first.tokens[-1])
     cost._measured.clear()
-    assert forward_cost(handle.model, upto=4 * first.tokens[-1]) == wide  # saved as extended
+    assert forward_cost(handle.model, width=4 * first.tokens[-1]) == wide  # saved as extended
+    passes.clear()
+    batch = forward_cost(handle.model, batch=11, width=3)  # timed on 8 rows: 11 is read from 8's size class
+    assert (
+        {rows for rows, _ in passes} == {1, 8} and (8, 3) in passes and cost.saved_cost_path(handle.model, 8).is_file()
+    )
+    assert batch.tokens[:3] == (1, 8, 16) and batch != wide
+    passes.clear()
+    assert forward_cost(handle.model, batch=8, width=3) is batch and not passes  # the same class, remembered
 
 
 def test_forward_cost_table():
@@ -319,14 +327,15 @@ def test_forward_cost_is_measured_once_per_model(smol_tokenizer):
     [
         # (seconds of each timed pass by tokens fed, per sweep) -> the table kept
         ({1: [1.1, 4.1], 4: [1.4, 1.4], 16: [2.6, 2.7], 64: [7.4, 7.4]}, ((1, 4, 16), (1.1, 1.4, 2.6))),
-        ({1: [1.0, 1.0], 4: [1.5, 1.6], 16: [1.2, 1.3], 64: [3.0, 3.0]}, ((1, 4, 16, 64), (1.0, 1.5, 1.5, 3.0))),
+        ({1: [1.0, 1.0], 4: [1.5, 1.6], 16: [1.2, 1.3], 64: [3.0, 3.0]}, ((1, 4, 16, 64), (1.0, 1.35, 1.35, 3.0))),
     ],
     ids=["busy-sweep-and-knee", "noise-made-non-decreasing"],
 )
 def test_forward_cost_keeps_the_fastest_pass_up_to_the_knee(smol_tokenizer, monkeypatch, passes, expected):
     """On a clock that each pass advances by a known time: each size keeps its fastest pass over the sweeps
     (a busy moment is dropped), sizes stop after the first pass at ``KNEE`` times a one-token one, and a
-    wider pass is never cheaper than a narrower one."""
+    wider pass is never cheaper than a narrower one: a decreasing run is pooled to its mean, not raised to its
+    first (one slow size then makes every wider one look free)."""
     from constrain.models import cost
 
     handle = _random_model(smol_tokenizer, seed=3)
@@ -343,6 +352,12 @@ def test_forward_cost_keeps_the_fastest_pass_up_to_the_knee(smol_tokenizer, monk
     measured = measure_forward_cost(handle.model, tokens=(1, 4, 16, 64, 256), repeats=2)
     assert measured.tokens == expected[0]
     assert measured.seconds == pytest.approx(expected[1])
+
+
+def test_non_decreasing_pools_adjacent_violators():
+    assert non_decreasing([1.0, 3.0, 2.0, 1.0, 5.0]) == pytest.approx([1.0, 2.0, 2.0, 2.0, 5.0])
+    assert non_decreasing([2.0, 1.0, 3.0, 2.0]) == pytest.approx([1.5, 1.5, 2.5, 2.5])
+    assert non_decreasing([1.0, 2.0, 2.0]) == [1.0, 2.0, 2.0] and non_decreasing([]) == []
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"seed": 4}, {"seed": 9, "top_p": 0.8, "logprobs": 1}])
@@ -391,3 +406,38 @@ def test_no_draft_is_fed_past_the_end_of_a_request(tiny, smol_tokenizer, constra
     drafted = generate(tiny, [spec], speculative=_Scripted(script), forward_cost=FREE)[0]
     assert drafted.token_ids == plain.token_ids
     assert (drafted.text, drafted.finish_reason) == (plain.text, plain.finish_reason)
+
+
+class _Wrong:
+    """Proposes ``k`` tokens that follow the plain output's next one wrongly (its id + 1): drafts every row rejects."""
+
+    acceptance_prior = 1.0
+
+    def __init__(self, plain: list[int]) -> None:
+        self.plain = plain
+
+    def propose(self, prompt_ids, output_ids, k, matcher):
+        n = len(output_ids)
+        return [self.plain[n] + 1] * k if n < len(self.plain) else []
+
+
+def test_drafts_every_row_rejected_leave_no_hole_in_the_cache(tiny):
+    """The cache's last positions that no row attends to (drafts rejected in every row) are dropped after the
+    pass: no later pass reads them, and the tokens are plain decoding's."""
+    spec = constrain.Request("Free text:", max_tokens=12, n=2, sampling={"temperature": 0})
+    plain = generate(tiny, [spec], speculative=False)[0]  # the request's two completions
+    original, masks = tiny.model.forward, []
+
+    def recorded(*args, **kwargs):
+        masks.append((kwargs["attention_mask"], kwargs["input_ids"].shape[1]))
+        return original(*args, **kwargs)
+
+    tiny.model.forward = recorded
+    try:
+        drafted = generate(tiny, [spec], speculative=_Wrong(plain[0].token_ids), forward_cost=FREE)[0]
+    finally:
+        del tiny.model.forward
+    assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
+    assert any(width > 1 for _, width in masks[1:])  # drafts were fed
+    for mask, width in masks[1:]:
+        assert bool(mask[:, :-width].any(0).all()), mask  # every cached position is attended by some row
