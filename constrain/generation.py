@@ -460,11 +460,10 @@ def generate(
         :class:`DraftModelProposer` drafts with a small model of the same vocabulary; ``False``
         drafts nothing. Same verification, same tokens. Each step feeds only the drafts expected to
         pay for the wider pass, from each proposal's prior, the request's acceptance so far and the
-        model's forward cost (measured once per machine up to the widest pass the batch may feed, its size
-        times 17 tokens, and saved: :func:`constrain.models.cost.forward_cost`; at batch 8 on a 2-core AMD
-        EPYC with AVX2, three sweeps of passes up to 256 tokens, about 12 s by the table's own times, once);
-        one draft at a time until drafts have paid, and none
-        for a while after drafts that were all rejected.
+        model's forward cost (measured once per machine and batch size, on the batch's rows rounded down
+        to a power of two, up to 17 tokens per row, and saved: :func:`constrain.models.cost.forward_cost`;
+        for 8 rows on a 2-core AMD EPYC with AVX2, three sweeps of passes up to 192 tokens, 12 s once);
+        one draft at a time until drafts have paid, and none for a while after drafts that were all rejected.
     forward_cost : ForwardCost or None, default: None
         The model's forward cost by tokens fed, for hardware you know (None: the saved or measured one).
         The drafts fed depend on it, and a pass of several tokens can change the logits' last bits

@@ -27,26 +27,26 @@ def next_drafts(
     proposer: Proposer | None,
     *,
     jump_forward: bool = True,
-    limited: bool = True,
+    probe: int | None = 1,
 ) -> tuple[Drafts, bool]:
     """Drafts for ``r``'s next forward pass, and whether they are forced: the grammar's forced text
     (with ``jump_forward``), else the ``proposer``'s guess (speculative decoding, with the proposal's
-    prior where it gives one; with ``limited``, none while ``r`` backs off and as many as its
-    :meth:`~constrain.decode.speculative.Acceptance.limit` allows); pruned to what the grammar accepts, to
-    no token that ends the request, and to the tokens ``r`` may still write (a proposal only to the last;
-    :func:`feedable` prunes the part the loop plans to feed). Changes nothing of ``r`` (the grammar's
-    checks run on forks of its matcher)."""
+    prior where it gives one; unless ``probe`` is None, none while ``r`` backs off and as many as its
+    :meth:`~constrain.decode.speculative.Acceptance.limit` allows, ``probe`` while it probes); pruned to
+    what the grammar accepts, to no token that ends the request, and to the tokens ``r`` may still write
+    (a proposal only to the last; :func:`feedable` prunes the part the loop plans to feed). Changes nothing
+    of ``r`` (the grammar's checks run on forks of its matcher)."""
     room = min(MAX_DRAFT, r.max_tokens - r.answer_tokens - 1)
     if r.finish_reason is not None or room <= 0 or r.thinks:
         return Drafts(), False
     forced = r.matcher.forced_text() if r.matcher is not None and jump_forward else ""
     if forced:
         return Drafts(feedable(r, encode(forced)[:room])), True
-    if proposer is None or (limited and r.acceptance.limit() == 0):
+    if proposer is None or (probe is not None and r.acceptance.limit() == 0):
         return Drafts(), False
     ids = proposer.propose(r.prompt_ids, r.output_ids, room, r.matcher.fork() if r.matcher is not None else None)
     prior, run = getattr(ids, "prior", None), getattr(ids, "run", None)
-    cap = r.acceptance.limit(prior) if limited else None
+    cap = r.acceptance.limit(prior, probe) if probe is not None else None
     return Drafts(ids if cap is None else ids[:cap], prior, run), False
 
 

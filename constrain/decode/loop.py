@@ -32,7 +32,7 @@ from constrain.decode.drafts import MAX_DRAFT, feedable, next_drafts, resolve_pr
 from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
-from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts
+from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts, probe_width
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
 from constrain.sampler import Sampler, SamplingBatch, SamplingParams
@@ -457,8 +457,8 @@ class DecodeLoop:
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
         relative = functools.partial(self._relative_cost, len(self.active))
         # probing and backing off bound what a wrong draft costs: where a wide pass costs no more, none is due
-        limited = self.proposer is not None and relative(1 + MAX_DRAFT) > 1.0
-        drafts = [self._next_drafts(r, limited) for r in self.active]
+        probe = probe_width(relative, MAX_DRAFT) if self.proposer is not None else None
+        drafts = [self._next_drafts(r, probe) for r in self.active]
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
@@ -477,11 +477,11 @@ class DecodeLoop:
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
 
-    def _next_drafts(self, r: InFlight, limited: bool) -> tuple[Drafts, bool]:
+    def _next_drafts(self, r: InFlight, probe: int | None) -> tuple[Drafts, bool]:
         """:func:`~constrain.decode.drafts.next_drafts` of ``r``; where it raises, ``r`` fails (no drafts;
         it leaves the batch at the next step)."""
         try:
-            return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward, limited=limited)
+            return next_drafts(r, self.encode, self.proposer, jump_forward=self.jump_forward, probe=probe)
         except Exception as err:
             self._fail(r, err, "drafting")
             return Drafts(), False

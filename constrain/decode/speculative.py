@@ -49,6 +49,7 @@ __all__ = [
     "expected_tokens",
     "ngram_proposal",
     "plan_drafts",
+    "probe_width",
 ]
 
 ACCEPTANCE_PRIOR = 0.5
@@ -68,8 +69,9 @@ MATCH_EXTENT = 8
 tokens it searched with)."""
 
 PROBE_STEPS = 2
-"""A request feeds at most one proposer draft per pass until this many of its passes fed one: a wider
-draft is fed only on evidence, so a proposer that guesses badly costs at most a one-draft pass."""
+"""A request feeds a probe's drafts at most (one, or as many as a pass costs no more for: :func:`probe_width`)
+until this many of its passes fed drafts: a wider draft is fed only on evidence, so a proposer that guesses
+badly costs at most a one-draft pass."""
 
 CONFIDENT = 0.9
 """A proposal whose own prior reaches this is fed as wide as pays without probing first."""
@@ -313,8 +315,8 @@ class Acceptance:
     back to the prior and is tried again.
 
     Two rules bound what drafts cost before they have shown they pay (:meth:`limit`): until
-    :data:`PROBE_STEPS` passes fed drafts, a request feeds at most one (unless the proposal is
-    :data:`CONFIDENT`); and after a pass whose drafts
+    :data:`PROBE_STEPS` passes fed drafts, a request feeds at most a probe's (one, or as many as cost no
+    more: :func:`probe_width`; unless the proposal is :data:`CONFIDENT`); and after a pass whose drafts
     were all rejected it waits 1, 2, 4, ... steps (up to :data:`MAX_BACKOFF`) before drafting again, the
     wait reset by a pass that keeps a draft.
 
@@ -361,13 +363,13 @@ class Acceptance:
         prior = self.prior if prior is None else prior
         return (self.accepted + self.prior_weight * prior) / (self.trials + self.prior_weight)
 
-    def limit(self, prior: float | None = None) -> int | None:
-        """The most proposer drafts the next pass may feed: 0 while backing off, 1 while probing (unless the
-        proposal's own ``prior`` is at least :data:`CONFIDENT`: a long match is evidence), else None (as
-        many as pay)."""
+    def limit(self, prior: float | None = None, probe: int = 1) -> int | None:
+        """The most proposer drafts the next pass may feed: 0 while backing off, ``probe`` while probing
+        (unless the proposal's own ``prior`` is at least :data:`CONFIDENT`: a long match is evidence), else
+        None (as many as pay)."""
         if self.wait:
             return 0
-        return 1 if self.probed < PROBE_STEPS and (prior is None or prior < CONFIDENT) else None
+        return probe if self.probed < PROBE_STEPS and (prior is None or prior < CONFIDENT) else None
 
     def observe(self, fed: int, accepted: int) -> None:
         """Record one step in which the request fed ``fed`` proposer drafts (0: none, which only decays
@@ -392,6 +394,19 @@ def expected_tokens(drafts: int, rate: float, run: float | None = None) -> float
     if drafts == 0:
         return 1.0
     return 1.0 + rate * (float(drafts) if run >= 1.0 else (1.0 - run**drafts) / (1.0 - run))
+
+
+def probe_width(cost: Callable[[int], float], widest: int) -> int | None:
+    """The drafts a probing row may feed (:meth:`Acceptance.limit`): as many as a pass costs no more for
+    than for one draft, up to ``widest`` (at least 1); None where a pass ``1 + widest`` tokens wide costs no
+    more than a plain one (drafts are free: nothing to bound). ``cost(width)``: a pass's cost against width 1,
+    as :func:`plan_drafts` takes it. Where a matrix product costs the same for 2 to 12 rows (an AVX2 CPU,
+    past a cheaper matrix-vector product for one), a one-draft probe would cost as much as a wide one and
+    would pay only for proposals sure of their first token. Pure."""
+    if cost(1 + widest) <= 1.0:
+        return None
+    one = cost(2)
+    return max(w for w in range(1, widest + 1) if w == 1 or cost(1 + w) <= one)
 
 
 def plan_drafts(

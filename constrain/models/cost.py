@@ -4,11 +4,12 @@
 Speculative decoding pays only where a wider pass costs little more than a narrow one. A batch of
 ``b`` rows, each fed ``w`` tokens (the last token and its drafts, rows padded to the widest), feeds
 ``b * w`` tokens; its cost against plain decoding (``w = 1``) is ``seconds(b * w) / seconds(b)``
-(:meth:`ForwardCost.relative`), read from passes timed at that batch's shape (:func:`forward_cost`):
-one row of 16 tokens and 8 rows of 2 differ in more than the attention over each row's context. Measured with SmolLM2-135M in bfloat16 on this project's 2-core CPU
-(:func:`measure_forward_cost`, 0.47 s): 33 ms for 1 token, 37 for 4, 46 for 16, 85 for 64; batch 8 at
-width 2 took 50 ms (the curve: 46) and at width 5, 70 ms (the curve: 66). So one draft per row costs
-4% more at batch 1 and 15% at batch 8.
+(:meth:`ForwardCost.relative`), read from passes timed on that batch's rows (:func:`forward_cost`), each
+with its own context, as the batch runs. Measured with SmolLM2-135M in bfloat16 on this project's 2-core CPU
+(Intel Xeon, AVX-512; :func:`measure_forward_cost`, 0.47 s): 33 ms for 1 token, 37 for 4, 46 for 16, 85 for
+64; batch 8 at width 2 took 50 ms (the curve: 46) and at width 5, 70 ms (the curve: 66). So one draft per
+row costs 4% more at batch 1 and 15% at batch 8. In float32 on an AMD EPYC (AVX2), 8 rows of 2 tokens took
+1.19x 8 rows of 1, where one row's table read 1.01x for 16 tokens against 8.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from constrain.models.loading import cache_dir
 __all__ = [
     "DRIFT",
     "KNEE",
-    "METHOD",
     "MEASURE_TOKENS",
+    "METHOD",
     "ForwardCost",
     "batch_rows",
     "cache_keyword",

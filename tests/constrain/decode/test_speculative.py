@@ -21,6 +21,7 @@ from constrain.decode.speculative import (
     expected_tokens,
     ngram_proposal,
     plan_drafts,
+    probe_width,
 )
 from constrain.generation import admit, generate
 from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost, non_decreasing
@@ -239,7 +240,17 @@ def test_acceptance_probes_with_one_draft_and_backs_off_after_rejections():
     a.observe(fed=2, accepted=1)  # a draft kept: no more waiting
     assert a.wait == 0 and a.limit() is None and a.misses == 0
     assert Acceptance().limit(0.5) == 1 and Acceptance().limit(0.95) is None  # a confident proposal: no probe
+    assert Acceptance().limit(0.5, probe=6) == 6  # a probe as wide as costs no more than one draft
     assert a.estimate(0.1) < a.rate < a.estimate(0.9)  # a proposal's own prior, weighed with the evidence
+
+
+def test_a_probe_feeds_as_many_drafts_as_cost_no_more_than_one():
+    avx2 = ForwardCost(tokens=(1, 2, 12, 16, 32), seconds=(0.09, 0.16, 0.16, 0.2, 0.3))  # a matrix product flat to 12
+    assert probe_width(functools.partial(avx2.relative, 1), 16) == 11  # 12 tokens: the last token and 11 drafts
+    assert probe_width(functools.partial(avx2.relative, 8), 16) == 1  # 8 rows: every draft per row costs more
+    linear = ForwardCost(tokens=(1, 64), seconds=(1.0, 64.0))
+    assert probe_width(functools.partial(linear.relative, 1), 16) == 1
+    assert probe_width(functools.partial(FREE.relative, 8), 16) is None  # free drafts: nothing to bound
 
 
 def test_ngram_drafts_carry_a_prior_by_the_length_of_their_match():
