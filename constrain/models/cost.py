@@ -187,7 +187,7 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(count)]
 
 
-_measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ForwardCost]] = weakref.WeakKeyDictionary()
+_measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], ForwardCost]] = weakref.WeakKeyDictionary()
 """Per model (dropped with it), per (device, dtype) of its parameters and rows measured: its measured cost."""
 register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
