@@ -463,7 +463,9 @@ def generate(
         model's forward cost (measured once per machine and batch size, on the batch's rows rounded down
         to a power of two, up to 17 tokens per row, and saved: :func:`constrain.models.cost.forward_cost`;
         for 8 rows on a 2-core AMD EPYC with AVX2, three sweeps of passes up to 192 tokens, 12 s once);
-        one draft at a time until drafts have paid, and none for a while after drafts that were all rejected.
+        a probe's drafts until drafts have paid (one, or as many as a pass costs no more for:
+        :func:`~constrain.decode.speculative.probe_width`), and none for a while after drafts that were all
+        rejected.
     forward_cost : ForwardCost or None, default: None
         The model's forward cost by tokens fed, for hardware you know (None: the saved or measured one).
         The drafts fed depend on it, and a pass of several tokens can change the logits' last bits
