@@ -15,7 +15,6 @@ reuse and merging in :mod:`constrain.decode.kv`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import logging
 import threading
@@ -455,7 +454,7 @@ class DecodeLoop:
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
         proposer's drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`)."""
-        relative = functools.partial(self._relative_cost, len(self.active))
+        relative = self._relative_cost(len(self.active))
         # probing and backing off bound what a wrong draft costs: where a wide pass costs no more, none is due
         probe = probe_width(relative, MAX_DRAFT) if self.proposer is not None else None
         drafts = [self._next_drafts(r, probe) for r in self.active]
@@ -497,15 +496,23 @@ class DecodeLoop:
             self._fail(r, err, "drafting")
             return []
 
-    def _relative_cost(self, batch: int, width: int) -> float:
-        """A pass of ``batch`` rows ``width`` tokens wide against one token per row: the given
+    def _relative_cost(self, batch: int) -> Callable[[int], float]:
+        """The cost of a pass of ``batch`` rows by its width, against one token per row: the given
         :class:`~constrain.models.cost.ForwardCost`, else the model's for this batch size
         (:func:`~constrain.models.cost.forward_cost`: timed once per machine on the batch's rows, up to the
         widest pass a row may feed, where the context window allows. A table that stops at its knee reads
         wider passes in proportion to the tokens, and on an AVX2 CPU, where a one-token pass is a cheap
-        matrix-vector product, that knee comes at 3 tokens)."""
-        table = self.forward_cost or cost.forward_cost(self.handle.model, batch=batch, width=1 + MAX_DRAFT)
-        return table.relative(batch, width)
+        matrix-vector product, that knee comes at 3 tokens). The table is looked up at the first call only:
+        a step with no choice to make measures nothing."""
+        table: cost.ForwardCost | None = self.forward_cost
+
+        def relative(width: int) -> float:
+            nonlocal table
+            if table is None:
+                table = cost.forward_cost(self.handle.model, batch=batch, width=1 + MAX_DRAFT)
+            return table.relative(batch, width)
+
+        return relative
 
 
 @contextlib.contextmanager
