@@ -461,7 +461,8 @@ class DecodeLoop:
         forced = [len(d) if is_forced else 0 for d, is_forced in drafts]
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
-        planned = plan_drafts(forced, offered, rates, relative, [d.run for d, _ in drafts])
+        runs = [r.acceptance.estimate_run(d.run, d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
+        planned = plan_drafts(forced, offered, rates, relative, runs)
         # the grammar prunes only what is planned (a proposal's tokens cost an accept each)
         self._drafts = [d if is_forced else self._feedable(r, d[:n])
                         for (d, is_forced), r, n in zip(drafts, self.active, planned, strict=True)]  # fmt: skip

@@ -201,26 +201,42 @@ def test_plan_shares_the_width_of_the_batch():
 
 def test_acceptance_follows_the_drafts_kept():
     a = Acceptance(prior=0.5)
-    assert a.rate == 0.5  # no evidence: the prior
+    assert a.rate == 0.5 == a.estimate_run(None)  # no evidence: the prior
     for _ in range(5):
         a.observe(fed=4, accepted=4)  # every draft kept
-    high = a.rate
-    assert high > 0.85
+    high, high_run = a.rate, a.estimate_run(None)
+    assert high > 0.8 and high_run > 0.85
     for _ in range(20):
-        a.observe(fed=4, accepted=0)  # the first draft rejected: one trial, no acceptance
-    assert a.rate < 0.5 < high
-    a.observe(fed=3, accepted=1)  # kept one, then a rejection: 1 of 2 trials
-    low = a.rate
+        a.observe(fed=4, accepted=0)  # the first draft rejected: one trial, no acceptance; nothing past it tested
+    assert a.rate < 0.5 < high and a.estimate_run(None) > 0.5  # the few runs seen all held
+    a.observe(fed=3, accepted=1)  # kept the first, then a rejection: the run's 0 of 1
+    low, low_run = a.rate, a.estimate_run(None)
+    assert low_run < high_run
     for _ in range(100):
         a.observe(fed=0, accepted=0)  # no drafts fed: the evidence fades back to the prior
-    assert low < a.rate == pytest.approx(0.5, abs=1e-3)
+    assert low < a.rate == pytest.approx(0.5, abs=1e-3) and a.estimate_run(None) == pytest.approx(0.5, abs=1e-3)
     with pytest.raises(ValueError, match="accepted <= fed"):
         a.observe(fed=1, accepted=2)
-    for bad in ({"prior": 1.5}, {"decay": -0.1}, {"prior_weight": 0.0}, {"accepted": 2.0, "trials": 1.0}):
+    bad_evidence = ({"accepted": 2.0, "trials": 1.0}, {"run_accepted": 2.0, "run_trials": 1.0})
+    for bad in ({"prior": 1.5}, {"decay": -0.1}, {"prior_weight": 0.0}, *bad_evidence):
         with pytest.raises(ValueError):
             Acceptance(**bad)
     with pytest.raises(ValueError, match="acceptance_prior"):
         NgramProposer(acceptance_prior=2.0)
+
+
+def test_acceptance_keeps_a_copy_s_runs_apart_from_its_first_guesses():
+    """A copy whose first guesses are rare but whose runs hold (a quote after free text) keeps a low first
+    rate and a high run; mixed into one rate, the long runs would raise the first guess's chance and the
+    rare runs would lower the copy's."""
+    a = Acceptance(prior=0.5)
+    for _ in range(3):
+        for _ in range(3):
+            a.observe(fed=1, accepted=0)  # three one-token guesses refused
+        a.observe(fed=8, accepted=8)  # then a copy held for 8
+    assert a.rate < 0.5 < 0.9 < a.estimate_run(None)
+    assert a.estimate_run(0.2) < a.estimate_run(None) < a.estimate_run(0.9)  # a proposal's own run, weighed
+    assert a.estimate_run(None, prior=0.1) < a.estimate_run(None)  # no run given: the proposal's prior
 
 
 def test_acceptance_probes_with_one_draft_and_backs_off_after_rejections():
@@ -253,16 +269,27 @@ def test_a_probe_feeds_as_many_drafts_as_cost_no_more_than_one():
     assert probe_width(functools.partial(FREE.relative, 8), 16) is None  # free drafts: nothing to bound
 
 
-def test_ngram_drafts_carry_a_prior_by_the_length_of_their_match():
+def test_ngram_drafts_carry_a_prior_by_the_length_and_place_of_their_match():
     from constrain.decode.speculative import NGRAM_PRIORS, ngram_proposal
 
-    prior = {length: p for length, p, _ in NGRAM_PRIORS}
+    prior = {where: {length: p for length, p, _ in rows} for where, rows in NGRAM_PRIORS.items()}
+    run = {where: {length: r for length, _, r in rows} for where, rows in NGRAM_PRIORS.items()}
     three = ngram_proposal([5, 6, 7, 8, 5, 6, 7], 2)
-    assert three == [8, 5] and three.prior == prior[3]
-    assert ngram_proposal([1, 2, 9, 4, 2], 3).prior == prior[1]  # only "2" was seen before
+    assert three == [8, 5] and three.prior == prior["output"][3]
+    assert ngram_proposal([1, 2, 9, 4, 2], 3).prior == prior["output"][1]  # only "2" was seen before
     copied = ngram_proposal([1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4, 5, 6], 2)  # "2 3 4 5 6" again: measured past n_max
-    assert copied == [7, 9] and copied.prior == prior[5]
+    assert copied == [7, 9] and copied.prior == prior["output"][5]
     assert ngram_proposal([1, 2, 3], 3) == [] and ngram_proposal([1, 2, 3], 3).prior is None
+    # the same history, its first 7 tokens the prompt: the drafts continue the prompt
+    quoted = ngram_proposal([1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4, 5, 6], 2, prompt=7)
+    assert quoted == [7, 9] and (quoted.prior, quoted.run) == (prior["prompt"][5], run["prompt"][5])
+    two = ngram_proposal([1, 2, 3, 9, 5, 2, 3], 1, prompt=5)  # "2 3" found in the prompt, 2 tokens matched
+    assert two == [9] and two.prior == prior["prompt"][2] > prior["output"][2]
+    # the latest occurrence decides: "2 3" occurs in the prompt and, later, in the output
+    assert ngram_proposal([1, 2, 3, 8, 2, 3, 9, 2, 3], 1, prompt=4).prior == prior["output"][2]
+    for rows in NGRAM_PRIORS.values():  # the longer the match, the likelier its first draft
+        assert [p for _, p, _ in rows] == sorted(p for _, p, _ in rows)
+    assert NgramProposer().propose([1, 2, 3, 9], [2, 3], 1, None).prior == prior["prompt"][2]
 
 
 def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, monkeypatch, tmp_path):
