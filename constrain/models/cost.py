@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from constrain.caches import register
-from constrain.models.loading import cache_dir
+from constrain.models.loading import PrepackedLinear, cache_dir
 
 __all__ = [
     "DRIFT",
@@ -207,14 +207,17 @@ def batch_rows(batch: int) -> int:
 def saved_cost_path(model: Any, rows: int = 1) -> Path:
     """Where ``model``'s cost timed on ``rows`` rows is saved: under :func:`~constrain.models.loading.cache_dir`,
     named by what the cost depends on (the model's class and configuration, where its parameters live and
-    their dtype, the processor, torch's thread count and version, the rows, :data:`METHOD`), not by the
-    weights' values."""
+    their dtype, whether its linear layers are prepacked, the processor, torch's thread count and version,
+    the rows, :data:`METHOD`), not by the weights' values."""
     parameter = next(model.parameters())
     device = parameter.device
     processor = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     config = model.config.to_json_string() if hasattr(model, "config") else ""
+    packed = any(isinstance(module.forward, PrepackedLinear) for module in model.modules())
     what = [type(model).__qualname__, config, str(device), str(parameter.dtype), processor,
             str(torch.get_num_threads()), torch.__version__, rows, METHOD]  # fmt: skip
+    if packed:  # (a new item only where packed: the tables saved for plain models keep their names)
+        what.append("prepacked")
     return cache_dir() / "forward_cost" / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]}.json"
 
 

@@ -25,6 +25,7 @@ from constrain.decode.speculative import (
 )
 from constrain.generation import admit, generate
 from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost, non_decreasing
+from constrain.models.loading import prepack_linears
 
 SCHEMA = {
     "type": "object",
@@ -333,6 +334,19 @@ def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, 
     assert batch.tokens[:3] == (1, 8, 16) and batch != wide
     passes.clear()
     assert forward_cost(handle.model, batch=8, width=3) is batch and not passes  # the same class, remembered
+
+
+def test_a_prepacked_model_s_forward_cost_is_saved_apart(smol_tokenizer, monkeypatch, tmp_path):
+    """Prepacked linear layers change a pass's cost (drafts cost far less on an AVX2 CPU): a table measured
+    on the plain model is not read for the packed one, nor the reverse."""
+    from constrain.models import cost
+
+    monkeypatch.setenv("CONSTRAIN_CACHE", str(tmp_path))
+    plain = _random_model(smol_tokenizer, seed=3).model
+    packed = copy.deepcopy(plain)
+    prepack_linears(packed)
+    assert cost.saved_cost_path(packed) != cost.saved_cost_path(plain)
+    assert cost.saved_cost_path(copy.deepcopy(plain)) == cost.saved_cost_path(plain)  # not the weights' values
 
 
 def test_forward_cost_table():

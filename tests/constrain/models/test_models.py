@@ -157,14 +157,20 @@ def test_a_given_model_comes_back_as_it_went_in(smol_tokenizer):
     assert constrain.load_model((ready, smol_tokenizer)).model is ready
 
 
-@pytest.mark.real_model
-@pytest.mark.skipif(default_dtype("cpu") != torch.bfloat16, reason="this CPU does not multiply bfloat16 natively")
-def test_load_model_prepacks_a_packaged_model_in_bfloat16_on_a_native_cpu():
-    try:
-        handle = constrain.load_model(dtype=torch.bfloat16)
-    except ModelNotFoundError as err:
-        pytest.skip(f"the default model's package is not installed: {err}")
-    assert isinstance(handle.model.lm_head.forward, PrepackedLinear)
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_load_model_prepacks_float32_and_natively_multiplied_bfloat16(smol_tokenizer, tmp_path):
+    """A model ``load_model`` loads itself has its linear layers packed for oneDNN by default: in float32 on
+    any CPU, in bfloat16 where the CPU multiplies it natively (elsewhere oneDNN emulates it); never when
+    ``prepack=False``."""
+    _tiny_llama(torch.float32).save_pretrained(tmp_path)
+    smol_tokenizer.save_pretrained(tmp_path)
+
+    def packed(**options):
+        return isinstance(constrain.load_model(str(tmp_path), **options).model.lm_head.forward, PrepackedLinear)
+
+    assert packed(dtype=torch.float32) and not packed(dtype=torch.float32, prepack=False)
+    assert packed(dtype=torch.bfloat16) == (default_dtype("cpu") == torch.bfloat16)
+    assert packed()  # the CPU's default dtype
 
 
 def test_prepacked_linears_fall_back_where_onednn_cannot_pack(monkeypatch):
