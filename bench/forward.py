@@ -13,7 +13,7 @@ Configurations: float32 against bfloat16 (``load_model``'s pick is marked), ``sd
 ``eager`` attention, 1 against 2 threads, all with transformers' own forward
 (``load_model(prepack=False)``); then variants, compared with their row of that grid: linear layers
 with their weights prepacked for oneDNN (:func:`constrain.models.loading.prepack_linears`, what
-``load_model`` does by default for bfloat16 on a CPU with native bfloat16), ``no_grad`` against
+``load_model`` does by default on a CPU for float32, and for bfloat16 where it is native), ``no_grad`` against
 ``inference_mode``, float32 weights with oneDNN's bfloat16 matmul precision, oneDNN-layout linear
 layers (``torch.utils.mkldnn.to_mkldnn``), and ``torch.compile``: with dynamic shapes on the loop's
 ``DynamicCache`` (what the loop could use), the same with inductor's freezing (weights folded in as
