@@ -336,7 +336,7 @@ def load_model(
     device : torch device or str, default: None ("cpu"; a given pair's model stays where it is)
     prepack : bool or None, default: None (on a CPU with oneDNN, for float32 weights, and for bfloat16
         weights where the CPU multiplies bfloat16 natively; never for a given pair); run the linear layers
-        with their weights packed once for oneDNN (:func:`prepack_linears`: a decode step about 30% faster,
+        with their weights packed once for oneDNN (:func:`prepack_linears`: a decode step 15 to 30% faster,
         a pass over several tokens per row, as speculation feeds, up to twice as fast on an AVX2 CPU; the
         linear weights' memory twice)
 
