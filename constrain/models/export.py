@@ -116,7 +116,7 @@ def _check_folder(folder: Path, *, overwrite: bool) -> None:
 def _handle(model: Any, dtype: torch.dtype | None) -> ModelHandle:
     if isinstance(model, tuple):
         return load_model(model)  # keeps the pair's dtype (casting it would change the caller's model)
-    return model_handle(model, dtype=torch.float32 if dtype is None else dtype)
+    return model_handle(model, dtype=torch.float32 if dtype is None else dtype, prepack=False)  # (never run here)
 
 
 def _state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
