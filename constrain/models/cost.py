@@ -187,8 +187,8 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(count)]
 
 
-_measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], ForwardCost]] = weakref.WeakKeyDictionary()
-"""Per model (dropped with it), per (device, dtype) of its parameters and rows measured: its measured cost."""
+_measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str, int], ForwardCost]] = weakref.WeakKeyDictionary()
+"""Per model (dropped with it), per (device, dtype) of its parameters, attention and rows measured: its measured cost."""
 register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
 
@@ -207,7 +207,7 @@ def batch_rows(batch: int) -> int:
 def saved_cost_path(model: Any, rows: int = 1) -> Path:
     """Where ``model``'s cost timed on ``rows`` rows is saved: under :func:`~constrain.models.loading.cache_dir`,
     named by what the cost depends on (the model's class and configuration, where its parameters live and
-    their dtype, whether its linear layers are prepacked, the processor, torch's thread count and version,
+    their dtype, whether its linear layers are prepacked, its attention, the processor, torch's thread count and version,
     the rows, :data:`METHOD`), not by the weights' values."""
     parameter = next(model.parameters())
     device = parameter.device
@@ -216,9 +216,16 @@ def saved_cost_path(model: Any, rows: int = 1) -> Path:
     packed = any(isinstance(module.forward, PrepackedLinear) for module in model.modules())
     what = [type(model).__qualname__, config, str(device), str(parameter.dtype), processor,
             str(torch.get_num_threads()), torch.__version__, rows, METHOD]  # fmt: skip
-    if packed:  # (a new item only where packed: the tables saved for plain models keep their names)
+    if packed:  # (new items only where they apply: the tables saved for plain sdpa models keep their names)
         what.append("prepacked")
+    if _attention(model) != "sdpa":
+        what.append(_attention(model))
     return cache_dir() / "forward_cost" / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]}.json"
+
+
+def _attention(model: Any) -> str:
+    """``model``'s attention implementation (transformers' name; ``sdpa`` where it has no config)."""
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa")
 
 
 def _cpu_name() -> str:
@@ -244,7 +251,7 @@ def forward_cost(model: Any, *, batch: int = 1, width: int = 1) -> ForwardCost:
     changes the logits' last bits: bfloat16)."""
     parameter = next(model.parameters())
     rows = batch_rows(batch)
-    key = (str(parameter.device), str(parameter.dtype), rows)
+    key = (str(parameter.device), str(parameter.dtype), _attention(model), rows)
     costs = _measured.setdefault(model, {})
     if key not in costs or not _covers(costs[key], model, rows, width):
         costs[key] = _saved_or_measured(model, rows, width)

@@ -329,6 +329,10 @@ def load_model(
     made so (``copy.deepcopy``: the model's memory once more), and the caller's model keeps its mode,
     parameters and forwards.
 
+    A model loaded here (not a given pair's) in transformers' ``sdpa`` attention runs
+    :func:`~constrain.models.attention.grouped_sdpa_attention`: the same, without the copies of the key/value
+    heads that a CPU pass of several tokens per row would make (drafts, jump-forward), the same logits.
+
     Parameters
     ----------
     dtype : torch dtype or "auto", default: "auto" (:func:`default_dtype` of ``device``); a
@@ -342,6 +346,8 @@ def load_model(
 
     """
     from transformers import AutoModelForCausalLM
+
+    from constrain.models.attention import use_grouped_sdpa
 
     if isinstance(name_or_path, tuple):
         if len(name_or_path) != 2:
@@ -369,6 +375,7 @@ def load_model(
             model = _convert_gguf(gguf, folder).to(dtype)
         name = str(name_or_path or DEFAULT_MODEL)
     model = model.to(device).eval()
+    use_grouped_sdpa(model)
     if _prepacks(model, device) if prepack is None else prepack:
         prepack_linears(model)
     return ModelHandle(model, tokenizer, name, end_token_ids(model, tokenizer))

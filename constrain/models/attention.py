@@ -1,0 +1,68 @@
+"""The attention :func:`~constrain.models.loading.load_model` runs: transformers' SDPA, with grouped key/value heads
+kept as they are where a CPU pass feeds several tokens per row.
+
+transformers' ``sdpa`` attention copies a layer's key and value heads ``num_key_value_groups`` times
+(``repeat_kv``: every key and value of the context, in every layer) whenever a pass of several tokens per row
+comes with a mask: what the decode loop's drafts, jump-forward and padded prefills feed. It keeps the heads
+grouped only without a mask (as CUDA's kernels need) or for one token per row. torch's CPU kernel takes grouped
+heads with a mask (``enable_gqa``), so on a CPU this attention passes them as they are, and transformers'
+``sdpa`` does the rest. Measured with SmolLM2-135M (9 query heads, 3 key/value heads) in bfloat16 on an Intel
+Xeon (AVX-512/AMX), 2 cores, 8 rows of 128 tokens of context: a pass of 2 tokens per row took 66.5 ms
+copying, 56.8 ms grouped (a pass of 1: 51.6).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["GROUPED_SDPA", "grouped_sdpa_attention", "use_grouped_sdpa"]
+
+GROUPED_SDPA = "constrain_grouped_sdpa"
+"""The name :func:`grouped_sdpa_attention` is registered under in transformers' attention interfaces."""
+
+
+def grouped_sdpa_attention(
+    module: Any,
+    query: torch.Tensor,  # [b, heads, q, head_dim]
+    key: torch.Tensor,  # [b, kv_heads, k, head_dim]
+    value: torch.Tensor,  # [b, kv_heads, k, head_dim]
+    attention_mask: torch.Tensor | None,  # [b, 1, q, k] bool or additive, or None
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa_attention_forward``, except that a CPU pass of several query tokens with a mask runs
+    on the grouped key/value heads (``enable_gqa``) rather than on copies. Returns ``([b, q, heads, head_dim],
+    None)``, as transformers' attention functions do. Does not change its inputs."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    grouped = getattr(module, "num_key_value_groups", 1) > 1
+    plain = attention_mask is None or query.shape[2] == 1 or query.device.type != "cpu"
+    extras = any(kwargs.get(k) is not None for k in ("position_bias", "softcap")) or kwargs.get("output_attentions")
+    if not grouped or plain or extras or key.shape[-1] != value.shape[-1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # [b, heads, q, head_dim]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_sdpa(model: Any) -> bool:
+    """Run ``model`` (a transformers model in ``sdpa`` attention) with :func:`grouped_sdpa_attention`, its masks
+    built as for ``sdpa``. Mutates ``model`` (its attention implementation); returns whether it did (a model in
+    another attention, or one that cannot switch, is left as it is)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not model._can_set_attn_implementation():
+        return False
+    if GROUPED_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
+        AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+    model.set_attn_implementation(GROUPED_SDPA)
+    return True
