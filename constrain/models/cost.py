@@ -188,7 +188,7 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 
 _measured: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str, int], ForwardCost]] = weakref.WeakKeyDictionary()
-"""Per model (dropped with it), per (device, dtype) of its parameters, attention and rows measured: its measured cost."""
+"""Per model (dropped with it), per (device, dtype) of its parameters, attention and rows measured: its cost."""
 register("models.forward_cost", lambda: {"entries": sum(map(len, list(_measured.values()))), "maxsize": -1})
 
 
@@ -207,8 +207,8 @@ def batch_rows(batch: int) -> int:
 def saved_cost_path(model: Any, rows: int = 1) -> Path:
     """Where ``model``'s cost timed on ``rows`` rows is saved: under :func:`~constrain.models.loading.cache_dir`,
     named by what the cost depends on (the model's class and configuration, where its parameters live and
-    their dtype, whether its linear layers are prepacked, its attention, the processor, torch's thread count and version,
-    the rows, :data:`METHOD`), not by the weights' values."""
+    their dtype, whether its linear layers are prepacked, its attention, the processor, torch's thread count and
+    version, the rows, :data:`METHOD`), not by the weights' values."""
     parameter = next(model.parameters())
     device = parameter.device
     processor = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()

@@ -13,10 +13,10 @@ import constrain
 from constrain.models.attention import GROUPED_SDPA, use_grouped_sdpa
 
 
-def _tiny_llama(dtype=torch.float32):
+def _tiny_llama(dtype=torch.float32, attention="sdpa"):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation=attention)  # fmt: skip
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
@@ -52,8 +52,7 @@ def test_grouped_attention_gives_sdpa_s_logits_without_copying_heads(dtype, monk
 
 
 def test_only_sdpa_models_switch():
-    eager = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager"))  # fmt: skip
+    eager = _tiny_llama(attention="eager")
     assert not use_grouped_sdpa(eager) and eager.config._attn_implementation == "eager"
 
 
