@@ -1,9 +1,10 @@
-"""The batch's KV cache: reusing prompt prefixes, grouping prefills, merging joining rows.
+"""The batch's KV cache: reusing prompt prefixes, grouping prefills, merging joining rows, appending in place.
 
 A :class:`~constrain.decode.loop.DecodeLoop` prefills joining prompts in groups of similar length
 (:func:`prefill_groups`), or alone after a prefix another prompt left in the :class:`PrefixCache`,
 then appends their rows to the running batch's cache (:func:`merge_rows`), which only caches of
-full-attention layers allow (:func:`mergeable`).
+full-attention layers allow (:func:`mergeable`). Its full-attention layers append each step's keys and
+values in place (:class:`GrowingLayer`), where transformers' would copy the whole cache.
 """
 
 from __future__ import annotations
@@ -15,18 +16,23 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from constrain import caches
 from constrain.decode.request import InFlight
 
 __all__ = [
+    "GROWTH",
+    "GROW_FROM",
     "MIN_PREFIX",
     "PREFILL_PADDING",
     "PREFIX_CACHE_CAP",
     "PREFIX_CACHE_SHARE",
+    "GrowingLayer",
     "PrefixCache",
     "default_prefix_cache_bytes",
     "device_memory",
+    "growing",
     "kv_bytes_per_token",
     "longest_prefix",
     "merge_rows",
@@ -242,11 +248,88 @@ def prefill_groups(joining: list[InFlight]) -> list[list[InFlight]]:
     return groups
 
 
+GROWTH = 0.25
+"""Room a :class:`GrowingLayer` makes when it runs out: this share of the tokens it then holds (at least 64 more)."""
+GROW_FROM = 512
+"""Tokens of all rows together from which a :class:`GrowingLayer` keeps buffers (below, it concatenates, as
+``DynamicLayer`` does: an update of its views cost 9.7 µs against 4 µs for concatenating 40 tokens of one row,
+and 20 µs for 1,000, SmolLM2-135M's shapes in bfloat16 on an Intel Xeon)."""
+
+
+class GrowingLayer(DynamicLayer):
+    """transformers' full-attention ``DynamicLayer``, its keys and values held at the front of buffers with room
+    to spare, so that a step writes its new tokens in place. ``DynamicLayer`` concatenates: every step copies
+    the whole cache of every layer (SmolLM2-135M in bfloat16, 8 rows of 1,000 tokens: 30 layers' keys and values,
+    92 MB a step). A full buffer is replaced by one :data:`GROWTH` larger (each token copied a few times in
+    all, not once a step); keys that something else put in place (a merge, a row selection, a crop keeps
+    them) move into a new buffer at the next :meth:`update`. The keys and values are the same numbers; they are
+    views of the buffers (``[b, heads, tokens, head_dim]``, a stride of the buffer's length), which attention
+    takes as they are. At most :data:`GROWTH` of the cache's memory (64 tokens at least) is spare. A layer holding
+    fewer than :data:`GROW_FROM` tokens over all its rows concatenates, as ``DynamicLayer`` does."""
+
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(
+        self,
+        key_states: torch.Tensor,  # [b, heads, n, head_dim]
+        value_states: torch.Tensor,  # [b, heads, n, head_dim]
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [b, heads, T + n, head_dim] each, views of the buffers
+        """Append the step's keys and values (``DynamicLayer.update``); mutates the layer, never its inputs."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, held = self.keys, self.keys.shape[-2] if self.keys.dim() == 4 else 0
+        total = held + key_states.shape[-2]
+        buffers = self._buffers
+        if buffers is None and key_states.shape[0] * total < GROW_FROM:
+            return super().update(key_states, value_states)  # a small cache: concatenating costs less
+        if (
+            buffers is None
+            or not (  # the keys are no longer the buffers' front, or the buffers are full
+                held
+                and keys.data_ptr() == buffers[0].data_ptr()
+                and keys.stride() == buffers[0].stride()
+                and keys.shape[:-2] == buffers[0].shape[:-2]
+                and buffers[0].shape[-2] >= total
+                and self.values.data_ptr() == buffers[1].data_ptr()
+            )
+        ):
+            spare = total + max(int(total * GROWTH), 64)
+            buffers = (
+                key_states.new_empty(*key_states.shape[:-2], spare, key_states.shape[-1]),  # [b, heads, spare, d]
+                value_states.new_empty(*value_states.shape[:-2], spare, value_states.shape[-1]),
+            )
+            if held:
+                buffers[0].narrow(-2, 0, held).copy_(keys)
+                buffers[1].narrow(-2, 0, held).copy_(self.values)
+            self._buffers = buffers
+        buffers[0].narrow(-2, held, total - held).copy_(key_states)
+        buffers[1].narrow(-2, held, total - held).copy_(value_states)
+        self.keys, self.values = buffers[0].narrow(-2, 0, total), buffers[1].narrow(-2, 0, total)
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        """``DynamicLayer.reset``, the buffers dropped."""
+        self._buffers = None
+        super().reset()
+
+
+def growing(cache: Any) -> Any:
+    """``cache`` (a transformers ``Cache``) with its plain full-attention layers made :class:`GrowingLayer`, in
+    place (their class swapped: what they hold is unchanged); others (sliding windows) are left as they are.
+    Returns ``cache``."""
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer:
+            layer.__class__ = GrowingLayer
+    return cache
+
+
 def mergeable(cache: Any) -> bool:
     """Whether rows can join ``cache``: every layer a plain (full attention) dynamic layer."""
-    from transformers.cache_utils import DynamicLayer
-
-    return cache is not None and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+    return cache is not None and all(
+        type(layer) in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None])
+    )
 
 
 def merge_rows(

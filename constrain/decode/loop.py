@@ -28,7 +28,7 @@ import torch
 
 from constrain.decode.checked import CheckedSlot, settle
 from constrain.decode.drafts import MAX_DRAFT, feedable, next_drafts, resolve_proposer
-from constrain.decode.kv import PrefixCache, merge_rows, mergeable, prefill_groups
+from constrain.decode.kv import PrefixCache, growing, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
 from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts, probe_width
@@ -394,7 +394,7 @@ class DecodeLoop:
             if self.active:
                 self._mask = merge_rows(self._cache, self._mask, cache, mask)
             else:
-                self._cache, self._mask = cache, mask
+                self._cache, self._mask = growing(cache), mask
             self.active, self._drafts = self.active + group, self._drafts + [[] for _ in group]
             self._proposed += [0] * len(group)
         return parts[0] if len(parts) == 1 else torch.cat(parts)

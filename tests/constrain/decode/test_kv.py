@@ -158,3 +158,57 @@ def test_the_prefix_caches_are_reported_together_and_go_with_their_owners():
         before["instances"], before["entries"], before["bytes"]
     )  # fmt: skip
     assert 0 < after["maxsize"]
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_growing_cache_gives_the_dynamic_cache_s_logits_and_appends_in_place(monkeypatch):
+    """Decode steps, a crop of rejected drafts, a row selection and a merge: the same logits (bitwise) as
+    transformers' own layers, with the keys written into the same buffer from step to step until it is full;
+    the model's own caches stay transformers'."""
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (3, 5), generator=torch.Generator().manual_seed(0))
+
+    def run(grow: bool) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        logits: list[torch.Tensor] = []
+        buffers: list[torch.Tensor | None] = []  # each step's first layer's key buffer (None: none), kept alive
+        with torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True)
+            cache = kv.growing(out.cache) if grow else out.cache
+            mask = torch.ones(3, 5, dtype=torch.long)
+            for step in range(80):  # past the first buffer's room (5 + 64 tokens)
+                width = 3 if step % 7 == 0 else 1  # drafts, two of them rejected below
+                feed = torch.full((len(mask), width), step % 64)
+                mask = torch.cat([mask, torch.ones(len(mask), width, dtype=torch.long)], dim=1)
+                positions = mask.sum(-1, keepdim=True) - width + torch.arange(width)
+                out = model(input_ids=feed, attention_mask=mask, position_ids=positions, cache=cache)
+                logits.append(out.logits)
+                held = getattr(cache.layers[0], "_buffers", None)
+                buffers.append(None if held is None else held[0])
+                if width > 1:
+                    cache.crop(-2)
+                    mask = mask[:, :-2]
+                if step == 30:  # a row leaves
+                    cache.batch_select_indices(torch.tensor([0, 2]))
+                    mask = mask[[0, 2]]
+                if step == 50:  # a row joins
+                    joining = model(input_ids=ids[:1, :4], use_cache=True).cache
+                    mask = kv.merge_rows(cache, mask, joining, torch.ones(1, 4, dtype=torch.long))
+        return logits, buffers
+
+    expected, _ = run(grow=False)
+    _, unbuffered = run(grow=True)  # 3 rows of 5 to 85 tokens: fewer than GROW_FROM, concatenated
+    monkeypatch.setattr(kv, "GROW_FROM", 0)
+    got, buffers = run(grow=True)
+    assert all(b is None for b in unbuffered)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert all(b is not None for b in buffers)
+    assert len({id(b) for b in buffers}) <= 5  # a buffer per growth, selection and merge, not one per step
+    assert not any(type(layer) is kv.GrowingLayer for layer in model(input_ids=ids, use_cache=True).cache.layers)
+    with torch.inference_mode():
+        assert kv.mergeable(kv.growing(model(input_ids=ids, use_cache=True).cache))
