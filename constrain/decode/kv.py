@@ -256,11 +256,11 @@ GROW_FROM = 512
 and 20 µs for 1,000, SmolLM2-135M's shapes in bfloat16 on an Intel Xeon)."""
 
 
-class GrowingLayer(DynamicLayer):
+class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # (transformers' __init_subclass__)
     """transformers' full-attention ``DynamicLayer``, its keys and values held at the front of buffers with room
     to spare, so that a step writes its new tokens in place. ``DynamicLayer`` concatenates: every step copies
     the whole cache of every layer (SmolLM2-135M in bfloat16, 8 rows of 1,000 tokens: 30 layers' keys and values,
-    92 MB a step). A full buffer is replaced by one :data:`GROWTH` larger (each token copied a few times in
+    184 MB a step). A full buffer is replaced by one :data:`GROWTH` larger (each token copied a few times in
     all, not once a step); keys that something else put in place (a merge, a row selection, a crop keeps
     them) move into a new buffer at the next :meth:`update`. The keys and values are the same numbers; they are
     views of the buffers (``[b, heads, tokens, head_dim]``, a stride of the buffer's length), which attention
@@ -279,7 +279,9 @@ class GrowingLayer(DynamicLayer):
         """Append the step's keys and values (``DynamicLayer.update``); mutates the layer, never its inputs."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, held = self.keys, self.keys.shape[-2] if self.keys.dim() == 4 else 0
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None  # (initialized)
+        held = keys.shape[-2] if keys.dim() == 4 else 0
         total = held + key_states.shape[-2]
         buffers = self._buffers
         if buffers is None and key_states.shape[0] * total < GROW_FROM:
@@ -292,7 +294,7 @@ class GrowingLayer(DynamicLayer):
                 and keys.stride() == buffers[0].stride()
                 and keys.shape[:-2] == buffers[0].shape[:-2]
                 and buffers[0].shape[-2] >= total
-                and self.values.data_ptr() == buffers[1].data_ptr()
+                and values.data_ptr() == buffers[1].data_ptr()
             )
         ):
             spare = total + max(int(total * GROWTH), 64)
@@ -302,7 +304,7 @@ class GrowingLayer(DynamicLayer):
             )
             if held:
                 buffers[0].narrow(-2, 0, held).copy_(keys)
-                buffers[1].narrow(-2, 0, held).copy_(self.values)
+                buffers[1].narrow(-2, 0, held).copy_(values)
             self._buffers = buffers
         buffers[0].narrow(-2, held, total - held).copy_(key_states)
         buffers[1].narrow(-2, held, total - held).copy_(value_states)
