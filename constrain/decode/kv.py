@@ -16,7 +16,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+
+try:  # transformers' caches made of layers (4.54 on)
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # an older transformers: no layer is a DynamicLayer, so none grows in place
+    DynamicLayer = object  # type: ignore[assignment,misc]
 
 from constrain import caches
 from constrain.decode.request import InFlight

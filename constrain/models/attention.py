@@ -59,10 +59,14 @@ def use_grouped_sdpa(model: Any) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not model._can_set_attn_implementation():
+    can_set = getattr(model, "_can_set_attn_implementation", None)  # (transformers warns where it cannot)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or (can_set is not None and not can_set()):
         return False
     if GROUPED_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
         AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
-    model.set_attn_implementation(GROUPED_SDPA)
-    return True
+    try:
+        model.set_attn_implementation(GROUPED_SDPA)
+    except (AttributeError, KeyError, ValueError):  # a model or transformers that cannot switch: as it was
+        return False
+    return getattr(config, "_attn_implementation", None) == GROUPED_SDPA
