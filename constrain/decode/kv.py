@@ -265,8 +265,8 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # (transform
     to spare, so that a step writes its new tokens in place. ``DynamicLayer`` concatenates: every step copies
     the whole cache of every layer (SmolLM2-135M in bfloat16, 8 rows of 1,000 tokens: 30 layers' keys and values,
     184 MB a step). A full buffer is replaced by one :data:`GROWTH` larger (each token copied a few times in
-    all, not once a step); keys that something else put in place (a merge, a row selection, a crop keeps
-    them) move into a new buffer at the next :meth:`update`. The keys and values are the same numbers; they are
+    all, not once a step); keys put in place by something else (a merge, a row selection; a crop keeps the
+    buffers) move into a new buffer at the next :meth:`update`. The keys and values are the same numbers; they are
     views of the buffers (``[b, heads, tokens, head_dim]``, a stride of the buffer's length), which attention
     takes as they are. At most :data:`GROWTH` of the cache's memory (64 tokens at least) is spare. A layer holding
     fewer than :data:`GROW_FROM` tokens over all its rows concatenates, as ``DynamicLayer`` does."""

@@ -218,8 +218,9 @@ def saved_cost_path(model: Any, rows: int = 1) -> Path:
             str(torch.get_num_threads()), torch.__version__, rows, METHOD]  # fmt: skip
     if packed:  # (new items only where they apply: the tables saved for plain sdpa models keep their names)
         what.append("prepacked")
-    if _attention(model) != "sdpa":
-        what.append(_attention(model))
+    attention = _attention(model)
+    if attention != "sdpa":
+        what.append(attention)
     return cache_dir() / "forward_cost" / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]}.json"
 
 
