@@ -39,6 +39,13 @@ def _batch(prompts: list[list[int]]) -> DynamicCache:
     return cache
 
 
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
 def _prompt(first: int, length: int = 40) -> list[int]:
     return list(range(first, first + length))
 
@@ -125,10 +132,7 @@ def test_kv_bytes_per_token_is_the_kv_a_forward_keeps():
     smollm2 = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
     assert kv_bytes_per_token(smollm2) == 46_080  # 2 * 30 layers * 3 heads * 64 dims * 4 bytes
     assert kv_bytes_per_token(smollm2, torch.bfloat16) == 23_040
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
+    model = _tiny_llama()
     with torch.inference_mode():
         out = model(input_ids=torch.arange(10)[None], use_cache=True)
     layers = out.past_key_values.layers
@@ -158,13 +162,6 @@ def test_the_prefix_caches_are_reported_together_and_go_with_their_owners():
         before["instances"], before["entries"], before["bytes"]
     )  # fmt: skip
     assert 0 < after["maxsize"]
-
-
-def _tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
-    return LlamaForCausalLM(config).eval()
 
 
 def test_a_growing_cache_gives_the_dynamic_cache_s_logits_and_appends_in_place(monkeypatch):
