@@ -69,11 +69,12 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 """The speculation table's workloads: keyword arguments of ``constrain.Request``."""
 EVERY_DRAFT = ForwardCost(tokens=(1,), seconds=(1.0,))
-"""A cost under which any width is free: the adaptive policy then feeds every draft (the old policy)."""
+"""A cost under which any width is free: the adaptive policy then feeds every draft (the old policy), where the
+rows are planned each on its own (``together=False``: a row's drafts count whether or not it ends last)."""
 SPECULATION: dict[str, dict[str, Any]] = {
     "off": {"speculative": False},
     "adaptive (default)": {"speculative": True},
-    "every draft": {"speculative": True, "forward_cost": EVERY_DRAFT},
+    "every draft": {"speculative": True, "forward_cost": EVERY_DRAFT, "together": False},
 }
 """The speculation table's configurations: keyword arguments of ``constrain.decode.loop.run``."""
 
@@ -86,6 +87,7 @@ def run(
     jump_forward: bool = True,
     speculative: bool = False,
     forward_cost: ForwardCost | None = None,
+    together: bool = True,
 ) -> tuple[int, float, dict[str, float], int]:
     """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation: ``batch``
     copies of ``spec`` (each of its ``n`` completions)."""
@@ -101,7 +103,7 @@ def run(
     start = time.perf_counter()
     try:
         loop.run(handle, requests, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
-                 forward_cost=forward_cost)  # fmt: skip
+                 forward_cost=forward_cost, together=together)  # fmt: skip
     finally:
         del handle.model.forward
     seconds = time.perf_counter() - start

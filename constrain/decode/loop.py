@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from constrain.decode.drafts import MAX_DRAFT, feedable, next_drafts, resolve_pr
 from constrain.decode.kv import PrefixCache, growing, merge_rows, mergeable, prefill_groups
 from constrain.decode.masks import SlotMasks, slot_masks
 from constrain.decode.request import InFlight
-from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts, probe_width
+from constrain.decode.speculative import Acceptance, Drafts, Proposer, plan_drafts, probe_width, shortening
 from constrain.models import cost
 from constrain.models.loading import ModelHandle
 from constrain.sampler import Sampler, SamplingBatch, SamplingParams
@@ -85,7 +86,9 @@ class DecodeLoop:
     exactly plain decoding's distribution (its very tokens, for seeded requests). Each step feeds only
     the drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`), from each request's acceptance so
     far and ``forward_cost`` (default: the model's, measured once per machine and saved:
-    :func:`~constrain.models.cost.forward_cost`).
+    :func:`~constrain.models.cost.forward_cost`); the drafts of requests added together (a ``generate`` call's,
+    which ends with its slowest) count for the share that shortened the slowest
+    (:func:`~constrain.decode.speculative.shortening`).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
     llguidance release the GIL), so that the mask costs nothing on the critical path. Default: when
@@ -142,6 +145,8 @@ class DecodeLoop:
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self._cache_keyword = cost.cache_keyword(handle.model)
         self.prefixes = PrefixCache(prefix_cache_bytes)
+        self._groups = itertools.count()  # labels of the requests added together
+        self._apart: dict[int, int] = {}  # per label: its requests but copies (speculative.shortening)
         self._merges = False  # whether the model's cache takes joining rows (learnt at the first prefill)
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
@@ -179,14 +184,22 @@ class DecodeLoop:
         """Whether any request is running or waiting to join."""
         return bool(self.active or self.joining)
 
-    def add(self, requests: Sequence[InFlight]) -> None:
+    def add(self, requests: Sequence[InFlight], *, together: bool = False) -> None:
         """Queue ``requests`` to join the batch at the next step (their acceptance starts at the
         proposer's prior). Each must be started (:meth:`InFlight.start <constrain.decode.request.InFlight.start>`,
-        which admission calls), else ``ValueError``."""
+        which admission calls), else ``ValueError``. ``together``: the caller waits for all of them (a
+        ``generate`` call), so their drafts count for the share that shortened the slowest of them
+        (:func:`~constrain.decode.speculative.shortening`); default: each on its own (a server's)."""
         if not all(r.started for r in requests):
             raise ValueError("a request joins the loop after InFlight.start() (constrain.generation.admit calls it)")
-        if self.proposer is not None:
-            for r in requests:
+        group = next(self._groups) if together and len(requests) > 1 else None
+        if group is not None:  # copies (one prompt, parameters and seed, or greedy) keep their drafts together
+            drawn = {(tuple(r.prompt_ids), r.params) if r.params.greedy or r.params.seed is not None else id(r)
+                     for r in requests}  # fmt: skip
+            self._apart[group] = len(drawn)
+        for r in requests:
+            r.group = group
+            if self.proposer is not None:
                 r.acceptance = Acceptance(prior=self.proposer.acceptance_prior)
         self.joining.extend(requests)
 
@@ -462,7 +475,7 @@ class DecodeLoop:
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         runs = [r.acceptance.estimate_run(d.run, d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
-        planned = plan_drafts(forced, offered, rates, relative, runs)
+        planned = plan_drafts(forced, offered, rates, relative, runs, self._shortening())
         # the grammar prunes only what is planned (a proposal's tokens cost an accept each)
         self._drafts = [d if is_forced else self._feedable(r, d[:n])
                         for (d, is_forced), r, n in zip(drafts, self.active, planned, strict=True)]  # fmt: skip
@@ -476,6 +489,18 @@ class DecodeLoop:
         block = self._mask.new_tensor([[1] * (1 + len(d)) + [0] * (width - 1 - len(d)) for d in self._drafts])
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
+
+    def _shortening(self) -> list[float] | None:
+        """Per running row, :func:`~constrain.decode.speculative.shortening` of the rows added together with
+        it (1 for a row on its own); None where every row is on its own."""
+        kept: dict[int, list[int]] = {}
+        for r in self.active:
+            if r.group is not None:
+                kept.setdefault(r.group, []).append(r.acceptance.kept)
+        if not kept:
+            return None
+        share = {group: shortening(counts, self._apart[group]) for group, counts in kept.items()}
+        return [1.0 if r.group is None else share[r.group] for r in self.active]
 
     def _next_drafts(self, r: InFlight, probe: int | None) -> tuple[Drafts, bool]:
         """:func:`~constrain.decode.drafts.next_drafts` of ``r``; where it raises, ``r`` fails (no drafts;
@@ -555,12 +580,15 @@ def run(
     speculative: bool | Proposer = True,
     forward_cost: cost.ForwardCost | None = None,
     cancelled: threading.Event | None = None,
+    together: bool = True,
 ) -> None:
     """Decode every request to its end, as one batch (see :class:`DecodeLoop` for the options); once
-    ``cancelled`` is set (from any thread), the requests still running end as ``"cancelled"``."""
+    ``cancelled`` is set (from any thread), the requests still running end as ``"cancelled"``. ``together``
+    (default): the caller waits for them all (:meth:`DecodeLoop.add`); False: drafts are planned for each
+    on its own."""
     with DecodeLoop(handle, timings, overlap=overlap, jump_forward=jump_forward, speculative=speculative,
                     forward_cost=forward_cost) as loop:  # fmt: skip
-        loop.add(requests)
+        loop.add(requests, together=together)
         while loop.busy:
             if cancelled is not None and cancelled.is_set():
                 for r in requests:

@@ -12,7 +12,8 @@ drafts the grammar rejects (the loop prunes them anyway).
 
 Drafts are fed where they pay (:func:`plan_drafts`): each request keeps the share of its drafts
 accepted so far (:class:`Acceptance`), and the loop weighs the tokens a pass of drafts is expected
-to yield against what the wider pass costs (:class:`constrain.models.cost.ForwardCost`).
+to yield against what the wider pass costs (:class:`constrain.models.cost.ForwardCost`). Rows a caller waits
+for together count only the share of their kept drafts that shortened the slowest of them (:func:`shortening`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "ngram_proposal",
     "plan_drafts",
     "probe_width",
+    "shortening",
 ]
 
 ACCEPTANCE_PRIOR = 0.5
@@ -358,9 +360,9 @@ class Acceptance:
         The first drafts' evidence so far (decayed counts); :meth:`observe` updates them.
     run_accepted, run_trials : float, default: 0.0
         The evidence so far on the drafts after a kept one; :meth:`observe` updates them.
-    probed, misses, wait : int, default: 0
+    probed, misses, wait, kept : int, default: 0
         Passes that fed drafts; passes in a row whose drafts were all rejected; steps left before
-        drafting again. :meth:`observe` updates them.
+        drafting again; drafts kept in all. :meth:`observe` updates them.
     """
 
     prior: float = ACCEPTANCE_PRIOR
@@ -373,6 +375,7 @@ class Acceptance:
     probed: int = 0
     misses: int = 0
     wait: int = 0
+    kept: int = 0
 
     def __post_init__(self) -> None:
         _check_share("prior", self.prior)
@@ -418,6 +421,7 @@ class Acceptance:
         self.trials = self.decay * self.trials + (fed > 0)
         self.run_accepted = self.decay * self.run_accepted + followed
         self.run_trials = self.decay * self.run_trials + followed + (0 < accepted < fed)
+        self.kept += accepted
         if fed:
             self.probed += 1
             self.misses = 0 if accepted else self.misses + 1
@@ -455,6 +459,7 @@ def plan_drafts(
     rates: Sequence[float],
     cost: Callable[[int], float],
     runs: Sequence[float | None] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> list[int]:
     """How many of its offered proposer drafts each row of a batch feeds in the next forward pass.
 
@@ -466,7 +471,9 @@ def plan_drafts(
     to yield ``sum(forced) + sum(expected_tokens(fed[i], rates[i], runs[i]))`` tokens; the width with the most
     expected tokens per unit of cost wins, the narrowest on a tie. So drafts are fed only where they
     beat plain decoding, and one row's drafts may widen the pass only if the whole batch gains.
-    What a draft position costs beyond the width (its logits, sampler and mask) is left out. Pure.
+    What a draft position costs beyond the width (its logits, sampler and mask) is left out. A row's
+    drafts count for ``weights[i]`` of the tokens they are expected to add: the share that shortens what
+    its caller waits for (:func:`shortening`). Pure.
 
     Parameters
     ----------
@@ -478,18 +485,39 @@ def plan_drafts(
         choice to make
     runs : per row, the chance each next draft is accepted once the one before it was (``Drafts.run``);
         default: None (each row's rate)
+    weights : per row, in [0, 1]; default: None (1 for every row: every kept draft counts)
     """
     chains = [None] * len(rates) if runs is None else runs
-    if not len(forced) == len(offered) == len(rates) == len(chains):
-        raise ValueError(f"one entry per row: got {len(forced)}, {len(offered)}, {len(rates)} and {len(chains)}")
+    shares = [1.0] * len(rates) if weights is None else weights
+    if not len(forced) == len(offered) == len(rates) == len(chains) == len(shares):
+        raise ValueError(
+            f"one entry per row: got {len(forced)}, {len(offered)}, {len(rates)}, {len(chains)} and {len(shares)}"
+        )
     need = 1 + max(forced, default=0)
     widest = 1 + max(offered, default=0)
     if widest <= need:  # every draft fits in the width the forced tokens need
         return list(offered)
 
     def gain(width: int) -> float:
-        drafted = sum(expected_tokens(min(d, width - 1), a, r) for d, a, r in zip(offered, rates, chains, strict=True))
+        rows = zip(offered, rates, chains, shares, strict=True)
+        drafted = sum(1.0 + w * (expected_tokens(min(d, width - 1), a, r) - 1.0) for d, a, r, w in rows)
         return (sum(forced) + drafted) / cost(width)
 
     width = max(range(need, widest + 1), key=gain)
     return [min(d, width - 1) for d in offered]
+
+
+def shortening(kept: Sequence[int], apart: int = 1) -> float:
+    """The share of their kept drafts expected to shorten a group of rows its caller waits for together (one
+    ``generate`` call's), from each running row's drafts kept so far and how many of the group's rows draw
+    apart (``apart``: its rows but copies, rows of one prompt, parameters and seed, or greedy, whose drafts are
+    kept together): ``(min(kept) + 1 / apart) / (mean(kept) + 1)``.
+
+    Rows that run to the same budget end when the one with the fewest kept drafts ends, so the group has
+    gained ``min(kept)`` passes where :func:`plan_drafts` counts ``mean(kept)`` tokens a row. Before any
+    evidence (one kept draft a row), copies gain as one row (a share of 1), and rows drawn apart as their
+    slowest: ``1 / apart`` of the sum, about the chance that each of them keeps a draft it is offered (on
+    free text, where each row is offered drafts at its own steps, less). Pure."""
+    if not kept or apart < 1:
+        raise ValueError(f"shortening needs at least one row and apart >= 1, got {len(kept)} rows and {apart}")
+    return (min(kept) + 1.0 / apart) / (sum(kept) / len(kept) + 1.0)

@@ -347,8 +347,8 @@ def _observed(handle: constrain.ModelHandle) -> Iterator[Work]:
         work.row_steps += kwargs["input_ids"].shape[0]
         return original(*args, **kwargs)
 
-    def plan(forced: list[int], offered: list[int], rates: list[float], cost: Any, runs: Any = None) -> list[int]:
-        proposed = plan_drafts(forced, offered, rates, cost, runs)
+    def plan(forced: list[int], offered: list[int], rates: list[float], cost: Any, *args: Any) -> list[int]:
+        proposed = plan_drafts(forced, offered, rates, cost, *args)
         work.forced_fed += sum(forced)
         work.proposed_fed += sum(proposed)
         return proposed

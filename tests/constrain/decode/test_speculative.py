@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import constrain
-from constrain.decode.loop import run
+from constrain.decode.loop import DecodeLoop, run
 from constrain.decode.speculative import (
     Acceptance,
     DraftModelProposer,
@@ -22,6 +22,7 @@ from constrain.decode.speculative import (
     ngram_proposal,
     plan_drafts,
     probe_width,
+    shortening,
 )
 from constrain.generation import admit, generate
 from constrain.models.cost import ForwardCost, forward_cost, measure_forward_cost, non_decreasing
@@ -200,6 +201,47 @@ def test_plan_shares_the_width_of_the_batch():
         plan_drafts([0], [1, 2], [0.5, 0.5], cost.relative)
 
 
+def test_plan_weighs_drafts_by_the_share_that_shortens_the_batch():
+    def cost(width: int) -> float:
+        return 1.0 + 0.13 * (width - 1)
+
+    rows = ([0] * 8, [4] * 2 + [0] * 6, [0.76] * 8, cost)
+    assert plan_drafts(*rows) == [2] * 2 + [0] * 6  # each row on its own: two rows' drafts pay for the batch
+    assert plan_drafts(*rows, weights=[1.0] * 8) == plan_drafts(*rows)
+    assert plan_drafts(*rows, weights=[1 / 8] * 8) == [0] * 8  # 8 rows drawn apart: their slowest rarely keeps one
+    with pytest.raises(ValueError, match="one entry per row"):
+        plan_drafts(*rows, weights=[1.0])
+
+
+def test_shortening_is_the_slowest_row_s_share_of_the_kept_drafts():
+    assert shortening([0]) == shortening([5, 5, 5]) == 1.0  # one row, or rows that keep drafts alike
+    assert shortening([0] * 8, apart=8) == pytest.approx(1 / 8)  # no evidence: 8 rows drawn apart gain as their slowest
+    assert shortening([0] * 8, apart=1) == 1.0  # copies gain as one
+    assert shortening([0, 4, 4, 4], apart=4) < 0.1  # a row that keeps none sets the end
+    assert shortening([3, 4, 4, 5], apart=4) == pytest.approx((3 + 0.25) / 5)
+    with pytest.raises(ValueError, match="at least one row"):
+        shortening([])
+
+
+def test_a_generate_call_s_rows_are_planned_together(tiny):
+    """``run`` (what ``generate`` calls) adds its requests as one group; copies of one greedy prompt count as one
+    row drawn apart, seeded rows as many; a server's requests stay each on its own."""
+    copy_of_one = constrain.Request("Hi", max_tokens=4, sampling={"temperature": 0})
+    greedy = [r for _ in range(3) for r in admit(tiny, copy_of_one)]
+    sampled = admit(tiny, constrain.Request("Hi", max_tokens=4, n=3, sampling={"seed": 1}))
+    with DecodeLoop(tiny) as loop:
+        loop.add(greedy, together=True)
+        loop.add(sampled, together=True)
+        alone = admit(tiny, constrain.Request("Hi", max_tokens=4))
+        loop.add(alone)
+        assert len({r.group for r in greedy}) == 1 and greedy[0].group is not None and alone[0].group is None
+        assert [loop._apart[greedy[0].group], loop._apart[sampled[0].group]] == [1, 3]
+        while loop.busy:
+            loop.step()
+    assert all(r.finish_reason == "length" for r in greedy + sampled + alone)
+    assert len({tuple(r.output_ids) for r in greedy}) == 1
+
+
 def test_acceptance_follows_the_drafts_kept():
     a = Acceptance(prior=0.5)
     assert a.rate == 0.5 == a.estimate_run(None)  # no evidence: the prior
@@ -216,6 +258,7 @@ def test_acceptance_follows_the_drafts_kept():
     for _ in range(100):
         a.observe(fed=0, accepted=0)  # no drafts fed: the evidence fades back to the prior
     assert low < a.rate == pytest.approx(0.5, abs=1e-3) and a.estimate_run(None) == pytest.approx(0.5, abs=1e-3)
+    assert a.kept == 5 * 4 + 1  # drafts kept in all: they do not fade
     with pytest.raises(ValueError, match="accepted <= fed"):
         a.observe(fed=1, accepted=2)
     bad_evidence = ({"accepted": 2.0, "trials": 1.0}, {"run_accepted": 2.0, "run_trials": 1.0})
