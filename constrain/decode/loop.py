@@ -146,7 +146,7 @@ class DecodeLoop:
         self._cache_keyword = cost.cache_keyword(handle.model)
         self.prefixes = PrefixCache(prefix_cache_bytes)
         self._groups = itertools.count()  # labels of the requests added together
-        self._apart: dict[int, int] = {}  # per label: its requests but copies (speculative.shortening)
+        self._apart: dict[int, int] = {}  # per live label: its requests but copies (speculative.shortening)
         self._merges = False  # whether the model's cache takes joining rows (learnt at the first prefill)
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
@@ -463,6 +463,9 @@ class DecodeLoop:
         self.active = [self.active[i] for i in keep]
         self._drafts = [self._drafts[i] for i in keep]
         self._proposed = [self._proposed[i] for i in keep]
+        if self._apart:  # the groups whose last row left
+            live = {r.group for r in self.active + self.joining}
+            self._apart = {group: n for group, n in self._apart.items() if group in live}
 
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the

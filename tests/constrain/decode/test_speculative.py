@@ -238,6 +238,7 @@ def test_a_generate_call_s_rows_are_planned_together(tiny):
         assert [loop._apart[greedy[0].group], loop._apart[sampled[0].group]] == [1, 3]
         while loop.busy:
             loop.step()
+        assert not loop._apart  # forgotten once their rows left
     assert all(r.finish_reason == "length" for r in greedy + sampled + alone)
     assert len({tuple(r.output_ids) for r in greedy}) == 1
 
