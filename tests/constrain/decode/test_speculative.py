@@ -236,10 +236,13 @@ def test_a_generate_call_s_rows_are_planned_together(tiny):
         loop.add(alone)
         assert len({r.group for r in greedy}) == 1 and greedy[0].group is not None and alone[0].group is None
         assert [loop._apart[greedy[0].group], loop._apart[sampled[0].group]] == [1, 3]
+        loop.step()  # the prefill: no draft kept yet, the shares are the priors
+        shares = dict(zip(map(id, loop.active), loop._shortening() or [], strict=True))
+        assert [shares[id(r)] for r in greedy + sampled + alone] == pytest.approx([1.0] * 3 + [1 / 3] * 3 + [1.0])
         while loop.busy:
             loop.step()
         assert not loop._apart  # forgotten once their rows left
-    assert all(r.finish_reason == "length" for r in greedy + sampled + alone)
+    assert all(r.finish_reason in ("length", "stop") for r in greedy + sampled + alone)
     assert len({tuple(r.output_ids) for r in greedy}) == 1
 
 
