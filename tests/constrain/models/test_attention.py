@@ -51,6 +51,27 @@ def test_grouped_attention_gives_sdpa_s_logits_without_copying_heads(dtype, monk
     assert len(copies) == 2 * 2 * 2  # sdpa copies keys and values in each of the 2 layers, in both passes
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_equals_attention_over_copied_heads(tokens, dtype):
+    """With a mask (left padding, a hole), one token per row or several: bitwise what SDPA gives on the key and
+    value heads copied for each query head."""
+    from constrain.models.attention import grouped_sdpa_attention
+
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(3, 6, tokens, 16, generator=generator).to(dtype)  # [b, heads, q, dim]
+    key, value = (torch.randn(3, 2, 40, 16, generator=generator).to(dtype) for _ in range(2))  # [b, kv_heads, k, dim]
+    mask = torch.ones(3, 1, tokens, 40, dtype=torch.bool)
+    mask[1, ..., :5] = False
+    mask[2, ..., 30] = False
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3
+    got, _ = grouped_sdpa_attention(module, query, key, value, mask, scaling=0.25)
+    copied = [h.repeat_interleave(3, 1) for h in (key, value)]
+    expected = torch.nn.functional.scaled_dot_product_attention(query, *copied, attn_mask=mask, scale=0.25)
+    assert got.shape == (3, tokens, 6, 16) and torch.equal(got, expected.transpose(1, 2))
+
+
 def test_only_sdpa_models_switch():
     eager = _tiny_llama(attention="eager")
     assert not use_grouped_sdpa(eager) and eager.config._attn_implementation == "eager"
