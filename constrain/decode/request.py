@@ -78,7 +78,7 @@ class InFlight:
     encode: Callable[[str], list[int]] | None = None  # closing in budget: tokenize forced text
     repetition_guard: bool = False
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its proposer drafts (its loop sets the prior)
-    group: int | None = None  # its loop's label of the requests a caller waits for together (drafts: plan_drafts)
+    group: int | None = None  # its loop's label of the requests a caller waits for together (speculative.shortening)
     matcher: Matcher | None = None
     budget: Budget | None = None
     guard: RepetitionGuard | None = None
