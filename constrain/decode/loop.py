@@ -146,7 +146,6 @@ class DecodeLoop:
         self._cache_keyword = cost.cache_keyword(handle.model)
         self.prefixes = PrefixCache(prefix_cache_bytes)
         self._groups = itertools.count()  # labels of the requests added together
-        self._apart: dict[int, int] = {}  # per live label: its requests but copies (speculative.shortening)
         self._merges = False  # whether the model's cache takes joining rows (learnt at the first prefill)
         self.active: list[InFlight] = []  # the rows of the cache, in order
         self.joining: list[InFlight] = []
@@ -193,10 +192,6 @@ class DecodeLoop:
         if not all(r.started for r in requests):
             raise ValueError("a request joins the loop after InFlight.start() (constrain.generation.admit calls it)")
         group = next(self._groups) if together and len(requests) > 1 else None
-        if group is not None:  # copies (one prompt, parameters and seed, or greedy) keep their drafts together
-            drawn = {(tuple(r.prompt_ids), r.params) if r.params.greedy or r.params.seed is not None else id(r)
-                     for r in requests}  # fmt: skip
-            self._apart[group] = len(drawn)
         for r in requests:
             r.group = group
             if self.proposer is not None:
@@ -463,9 +458,6 @@ class DecodeLoop:
         self.active = [self.active[i] for i in keep]
         self._drafts = [self._drafts[i] for i in keep]
         self._proposed = [self._proposed[i] for i in keep]
-        if self._apart:  # the groups whose last row left
-            live = {r.group for r in self.active + self.joining}
-            self._apart = {group: n for group, n in self._apart.items() if group in live}
 
     def _next_inputs(self) -> None:
         """Each row's last token and its drafts for the next forward pass: forced tokens, and the
@@ -478,7 +470,7 @@ class DecodeLoop:
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         runs = [r.acceptance.estimate_run(d.run, d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
-        planned = plan_drafts(forced, offered, rates, relative, runs, self._shortening())
+        planned = plan_drafts(forced, offered, rates, relative, runs, self._shortening(forced, offered))
         # the grammar prunes only what is planned (a proposal's tokens cost an accept each)
         self._drafts = [d if is_forced else self._feedable(r, d[:n])
                         for (d, is_forced), r, n in zip(drafts, self.active, planned, strict=True)]  # fmt: skip
@@ -493,16 +485,19 @@ class DecodeLoop:
         self._positions = self._mask.sum(-1, keepdim=True) + torch.arange(width, device=self.device)  # [b, width]
         self._mask = torch.cat([self._mask, block], dim=1)  # [b, T + width]
 
-    def _shortening(self) -> list[float] | None:
+    def _shortening(self, forced: list[int], offered: list[int]) -> list[float] | None:
         """Per running row, :func:`~constrain.decode.speculative.shortening` of the rows added together with
-        it (1 for a row on its own); None where every row is on its own."""
+        it, given what each is fed or offered this pass (1 for a row on its own); None where every row is
+        on its own."""
         kept: dict[int, list[int]] = {}
-        for r in self.active:
+        moving: dict[int, int] = {}
+        for r, f, o in zip(self.active, forced, offered, strict=True):
             if r.group is not None:
                 kept.setdefault(r.group, []).append(r.acceptance.kept)
+                moving[r.group] = moving.get(r.group, 0) + (f > 0 or o > 0)
         if not kept:
             return None
-        share = {group: shortening(counts, self._apart[group]) for group, counts in kept.items()}
+        share = {group: shortening(counts, moving[group]) for group, counts in kept.items()}
         return [1.0 if r.group is None else share[r.group] for r in self.active]
 
     def _next_drafts(self, r: InFlight, probe: int | None) -> tuple[Drafts, bool]:

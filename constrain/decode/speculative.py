@@ -507,17 +507,19 @@ def plan_drafts(
     return [min(d, width - 1) for d in offered]
 
 
-def shortening(kept: Sequence[int], apart: int = 1) -> float:
-    """The share of their kept drafts expected to shorten a group of rows its caller waits for together (one
-    ``generate`` call's), from each running row's drafts kept so far and how many of the group's rows draw
-    apart (``apart``: its rows but copies, rows of one prompt, parameters and seed, or greedy, whose drafts are
-    kept together): ``(min(kept) + 1 / apart) / (mean(kept) + 1)``.
+def shortening(kept: Sequence[int], moving: int) -> float:
+    """The share of their drafts' expected tokens that shortens a group of rows its caller waits for together
+    (one ``generate`` call's), from each running row's drafts kept so far and how many of them this pass
+    feeds more than one token (``moving``: offered drafts or fed forced ones):
+    ``(min(kept) + 1) / (mean(kept) + 1) * moving / len(kept)``.
 
-    Rows that run to the same budget end when the one with the fewest kept drafts ends, so the group has
-    gained ``min(kept)`` passes where :func:`plan_drafts` counts ``mean(kept)`` tokens a row. Before any
-    evidence (one kept draft a row), copies gain as one row (a share of 1), and rows drawn apart as their
-    slowest: ``1 / apart`` of the sum, about the chance that each of them keeps a draft it is offered (on
-    free text, where each row is offered drafts at its own steps, less). Pure."""
-    if not kept or apart < 1:
-        raise ValueError(f"shortening needs at least one row and apart >= 1, got {len(kept)} rows and {apart}")
-    return (min(kept) + 1.0 / apart) / (sum(kept) / len(kept) + 1.0)
+    The group ends when its slowest row does. Where every row runs to its budget, a row left at one token
+    this pass while others take drafts stays the slowest whatever they keep (the ``moving`` share); and over
+    the passes so far, the group has gained ``min(kept)`` passes where :func:`plan_drafts` counted
+    ``mean(kept)`` tokens a row (the first factor: near 1 where the rows keep their drafts alike, one kept
+    draft a row the prior). Pure."""
+    if not kept or not 0 <= moving <= len(kept):
+        raise ValueError(
+            f"shortening needs at least one row and 0 <= moving <= rows, got {len(kept)} rows and {moving}"
+        )
+    return (min(kept) + 1.0) / (sum(kept) / len(kept) + 1.0) * moving / len(kept)

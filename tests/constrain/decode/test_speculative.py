@@ -208,42 +208,40 @@ def test_plan_weighs_drafts_by_the_share_that_shortens_the_batch():
     rows = ([0] * 8, [4] * 2 + [0] * 6, [0.76] * 8, cost)
     assert plan_drafts(*rows) == [2] * 2 + [0] * 6  # each row on its own: two rows' drafts pay for the batch
     assert plan_drafts(*rows, weights=[1.0] * 8) == plan_drafts(*rows)
-    assert plan_drafts(*rows, weights=[1 / 8] * 8) == [0] * 8  # 8 rows drawn apart: their slowest rarely keeps one
+    assert plan_drafts(*rows, weights=[2 / 8] * 8) == [0] * 8  # a generate call's 8 rows, 6 left at one token
     with pytest.raises(ValueError, match="one entry per row"):
         plan_drafts(*rows, weights=[1.0])
 
 
 def test_shortening_is_the_slowest_row_s_share_of_the_kept_drafts():
-    assert shortening([0]) == shortening([5, 5, 5]) == 1.0  # one row, or rows that keep drafts alike
-    assert shortening([0] * 8, apart=8) == pytest.approx(1 / 8)  # no evidence: 8 rows drawn apart gain as their slowest
-    assert shortening([0] * 8, apart=1) == 1.0  # copies gain as one
-    assert shortening([0, 4, 4, 4], apart=4) < 0.1  # a row that keeps none sets the end
-    assert shortening([3, 4, 4, 5], apart=4) == pytest.approx((3 + 0.25) / 5)
+    assert shortening([0], 1) == shortening([5, 5, 5], 3) == 1.0  # one row, or rows that keep drafts alike
+    assert shortening([0] * 8, 8) == 1.0  # no evidence, every row offered drafts: as if each were on its own
+    assert shortening([0] * 8, 2) == 0.25  # 6 rows left at one token this pass: the end moves with them
+    assert shortening([0, 4, 4, 4], 4) < 0.3  # a row that keeps none sets the end
+    assert shortening([3, 4, 4, 5], 4) == pytest.approx(4 / 5)
     with pytest.raises(ValueError, match="at least one row"):
-        shortening([])
+        shortening([], 0)
+    with pytest.raises(ValueError, match="moving <= rows"):
+        shortening([0], 2)
 
 
 def test_a_generate_call_s_rows_are_planned_together(tiny):
-    """``run`` (what ``generate`` calls) adds its requests as one group; copies of one greedy prompt count as one
-    row drawn apart, seeded rows as many; a server's requests stay each on its own."""
-    copy_of_one = constrain.Request("Hi", max_tokens=4, sampling={"temperature": 0})
-    greedy = [r for _ in range(3) for r in admit(tiny, copy_of_one)]
-    sampled = admit(tiny, constrain.Request("Hi", max_tokens=4, n=3, sampling={"seed": 1}))
+    """``run`` (what ``generate`` calls) adds its requests as one group, weighed by the rows that move this
+    pass; a server's requests stay each on its own."""
+    greedy = admit(tiny, constrain.Request("Hi", max_tokens=4, n=3, sampling={"temperature": 0}))
     with DecodeLoop(tiny) as loop:
         loop.add(greedy, together=True)
-        loop.add(sampled, together=True)
         alone = admit(tiny, constrain.Request("Hi", max_tokens=4))
         loop.add(alone)
         assert len({r.group for r in greedy}) == 1 and greedy[0].group is not None and alone[0].group is None
-        assert [loop._apart[greedy[0].group], loop._apart[sampled[0].group]] == [1, 3]
-        loop.step()  # the prefill: no draft kept yet, the shares are the priors
-        shares = dict(zip(map(id, loop.active), loop._shortening() or [], strict=True))
-        assert [shares[id(r)] for r in greedy + sampled + alone] == pytest.approx([1.0] * 3 + [1 / 3] * 3 + [1.0])
+        loop.step()  # the prefill: no draft kept yet
+        forced = [2 if r is greedy[0] else 0 for r in loop.active]  # one row fed forced tokens, one offered drafts
+        offered = [3 if r is greedy[1] else 0 for r in loop.active]
+        shares = dict(zip(map(id, loop.active), loop._shortening(forced, offered) or [], strict=True))
+        assert [shares[id(r)] for r in greedy + alone] == pytest.approx([2 / 3] * 3 + [1.0])
         while loop.busy:
             loop.step()
-        assert not loop._apart  # forgotten once their rows left
-    assert all(r.finish_reason in ("length", "stop") for r in greedy + sampled + alone)
-    assert len({tuple(r.output_ids) for r in greedy}) == 1
+    assert all(r.finish_reason in ("length", "stop") for r in greedy + alone)
 
 
 def test_acceptance_follows_the_drafts_kept():
