@@ -87,7 +87,7 @@ class DecodeLoop:
     the drafts that pay (:func:`~constrain.decode.speculative.plan_drafts`), from each request's acceptance so
     far and ``forward_cost`` (default: the model's, measured once per machine and saved:
     :func:`~constrain.models.cost.forward_cost`); the drafts of requests added together (a ``generate`` call's,
-    which ends with its slowest) count for the share that shortened the slowest
+    which ends with its slowest) count for the share that shortens the slowest
     (:func:`~constrain.decode.speculative.shortening`).
 
     ``overlap``: fill the grammar masks on a worker thread while the forward pass runs (xgrammar and
@@ -187,7 +187,7 @@ class DecodeLoop:
         """Queue ``requests`` to join the batch at the next step (their acceptance starts at the
         proposer's prior). Each must be started (:meth:`InFlight.start <constrain.decode.request.InFlight.start>`,
         which admission calls), else ``ValueError``. ``together``: the caller waits for all of them (a
-        ``generate`` call), so their drafts count for the share that shortened the slowest of them
+        ``generate`` call), so their drafts count for the share that shortens the slowest of them
         (:func:`~constrain.decode.speculative.shortening`); default: each on its own (a server's)."""
         if not all(r.started for r in requests):
             raise ValueError("a request joins the loop after InFlight.start() (constrain.generation.admit calls it)")

@@ -13,7 +13,7 @@ drafts the grammar rejects (the loop prunes them anyway).
 Drafts are fed where they pay (:func:`plan_drafts`): each request keeps the share of its drafts
 accepted so far (:class:`Acceptance`), and the loop weighs the tokens a pass of drafts is expected
 to yield against what the wider pass costs (:class:`constrain.models.cost.ForwardCost`). Rows a caller waits
-for together count only the share of their kept drafts that shortened the slowest of them (:func:`shortening`).
+for together count only the share of their drafts that shortens the slowest of them (:func:`shortening`).
 """
 
 from __future__ import annotations
