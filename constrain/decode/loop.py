@@ -470,7 +470,8 @@ class DecodeLoop:
         offered = [0 if is_forced else len(d) for d, is_forced in drafts]
         rates = [r.acceptance.estimate(d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
         runs = [r.acceptance.estimate_run(d.run, d.prior) for (d, _), r in zip(drafts, self.active, strict=True)]
-        planned = plan_drafts(forced, offered, rates, relative, runs, self._shortening(forced, offered))
+        weights = self._shortening(forced, offered) if any(offered) else None  # (no offer: nothing to weigh)
+        planned = plan_drafts(forced, offered, rates, relative, runs, weights)
         # the grammar prunes only what is planned (a proposal's tokens cost an accept each)
         self._drafts = [d if is_forced else self._feedable(r, d[:n])
                         for (d, is_forced), r, n in zip(drafts, self.active, planned, strict=True)]  # fmt: skip
