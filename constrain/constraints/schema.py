@@ -57,6 +57,7 @@ from constrain.constraints.formats import format_status
 from constrain.constraints.schema_refs import References, pointer_token, resolve_from_resources
 from constrain.constraints.schema_rewrites import (
     ANNOTATIONS,
+    absorb_branches,
     declare_required,
     disjoint_searches,
     distribute_any_of,
@@ -452,7 +453,7 @@ class _Preparer:
             first = self.frames[-1].get(f"{ptr}/0")
             why = f" (branch 0: {first.reason}, at '{first.pointer or '/'}')" if first is not None else ""
             raise UnsatisfiableSchemaError(f"no branch admits a value{why}", ptr)
-        out["anyOf"] = live
+        out["anyOf"] = live if key == "oneOf" else absorb_branches(live)
         if key == "oneOf":
             self.mark(at, key, "checked", "branches enforced as anyOf; exclusivity validated afterwards")
         else:
@@ -582,7 +583,8 @@ class _Preparer:
         """``out`` rewritten, in this order: loosened where a checked keyword would widen it, required keys
         declared, closed (closed mode, where ``node`` does not say what else it holds: ``says_open``),
         integer bounds rounded, lengths beside a pattern or format left to the checks, ``anyOf``
-        distributed over the keywords beside it, each type's keywords bound to it. Returns the node
+        distributed over the keywords beside it (a single branch left put in its place), each type's
+        keywords bound to it. Returns the node
         prepared (``out`` is changed in place on the way)."""
         self.loosen_for_checked(node, out, pointer)
         declare_required(node, out)
@@ -597,6 +599,9 @@ class _Preparer:
         out = distribute_any_of(out, pointer, notes)
         for note in notes:
             self.mark(pointer, "anyOf", "checked", note)
+        if len(out.get("anyOf", ())) == 1 and out.keys() <= {"anyOf", "$defs", "definitions"}:
+            (branch,) = out.pop("anyOf")  # one branch left (the others absorbed, or contradicting): in place
+            out = {**out, **branch}
         return split_by_type(out)
 
     def loosen_for_checked(self, node: dict[str, Any], out: dict[str, Any], pointer: str) -> None:

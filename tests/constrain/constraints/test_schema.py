@@ -73,6 +73,10 @@ schema__valid__invalid = [
         [[1, 2], [1, "a", 3]],
     ),
     ({"type": "array", "contains": {"type": "string"}, "minContains": 2}, [["a", 1, "b"]], [["a", 1]]),
+    ({"anyOf": [{"enum": ["Go", "Rust"]}, {"type": "string"}]}, ["Go", "Zig", ""], [1, None]),  # extensible enum
+    ({"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}, ["a", 2, "b"], [3, None]),  # 2 is no string: kept
+    ({"oneOf": [{"enum": ["Go"]}, {"type": "string"}]}, ["Zig"], ["Go"]),  # exclusive: not absorbed
+    ({"anyOf": [{"type": "integer", "minimum": 5}, {"type": "number"}, {"const": "x"}]}, [1, 2.5, 7, "x"], ["y"]),
 ]
 
 
@@ -293,3 +297,26 @@ def test_coverage_is_a_sequence_of_entries_the_collector_stops_walking():
     gc.collect()
     gc.collect()
     assert not any(gc.is_tracked(held) for held in gc.get_referents(coverage) if not isinstance(held, type))
+
+
+@pytest.mark.parametrize(
+    "schema,prepared",
+    [
+        ({"anyOf": [{"enum": ["Go", "Rust"]}, {"type": "string", "description": "any other"}]}, {"type": "string"}),
+        ({"type": "string", "anyOf": [{"const": "a"}, {"type": "string"}]}, {"type": "string"}),
+        ({"anyOf": [{"type": "integer"}, {"type": ["number", "null"]}]}, {"type": ["number", "null"]}),
+        ({"anyOf": [{"type": "object", "required": ["a"]}, {}]}, {}),
+        ({"anyOf": [{"type": "string"}, {"type": "string"}]}, {"type": "string"}),
+        ({"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}, {"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}),
+        ({"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
+         {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]}),
+        ({"oneOf": [{"enum": ["Go"]}, {"type": "string"}]}, {"anyOf": [{"enum": ["Go"]}, {"type": "string"}]}),
+    ],
+)
+def test_a_branch_of_type_alone_absorbs_the_branches_it_admits_every_value_of(schema, prepared):
+    """``anyOf`` branches whose values all have a type that another branch of ``type`` alone admits are that
+    branch's already (the same language, fewer alternatives for the engine); a branch with other keywords
+    absorbs nothing, and ``oneOf``'s branches stay (exclusive: the strings of an enum are not its values)."""
+    from constrain.compiler.json_schema import prepared as prepare
+
+    assert prepare(spec(schema))[0] == prepared
