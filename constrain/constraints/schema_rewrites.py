@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import interegular
@@ -88,18 +89,36 @@ def _adds_keys(value: Any, declared: dict[str, Any]) -> bool:
 def search_pattern(pattern: str) -> str | None:
     """JSON Schema ``pattern`` is a search: pad unanchored ends and anchor, so both engines read it alike.
 
-    None when the engine would misread it: an anchor inside the pattern (xgrammar ignores those)
-    or a top-level ``|`` (an outer anchor binds one alternative only).
+    Where an alternative at the top level carries its own anchor, each is padded on its own (``^a|b$``
+    is ``^(?:a.*|.*b)$``: a string that starts with ``a`` or ends with ``b``). None when the engine would
+    misread it: an anchor inside an alternative (xgrammar ignores those).
     """
-    body = pattern
-    start = body.startswith("^")
-    end = body.endswith("$") and not body.endswith("\\$")
-    if start:
-        body = body[1:]
-    if end:
-        body = body[:-1]
+    branches = _top_level_branches(pattern)
+    ends = [_anchors(branch) for branch in branches]
+    if not any(start or end for start, end in ends):  # no anchor at a branch's edge: padded as a whole
+        branches, ends = [pattern], [_anchors(pattern)]
+    bodies = [branch[start : len(branch) - end] for branch, (start, end) in zip(branches, ends, strict=True)]
+    if any(map(_has_anchor, bodies)):
+        return None
+    # anchored explicitly: xgrammar reads a pattern as a full match, llguidance as a search
+    if len(bodies) == 1:
+        (start, end), body = ends[0], bodies[0]
+        return "^" + ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*") + "$"
+    pairs = zip(bodies, ends, strict=True)
+    padded = [("" if start else ".*") + body + ("" if end else ".*") for body, (start, end) in pairs]
+    return "^(?:" + "|".join(padded) + ")$"
+
+
+def _anchors(pattern: str) -> tuple[int, int]:
+    """Whether ``pattern`` starts with ``^`` and ends with an unescaped ``$`` (1 or 0 each)."""
+    return int(pattern.startswith("^")), int(pattern.endswith("$") and not pattern.endswith("\\$"))
+
+
+def _regex_characters(pattern: str) -> Iterator[tuple[int, str, int]]:
+    """Per character of ``pattern`` outside classes that is no escape, nor escaped: its index, itself and the
+    depth of groups around it (counting the group it opens or closes)."""
     depth, in_class, escaped = 0, False, False
-    for ch in body:
+    for at, ch in enumerate(pattern):
         if escaped:
             escaped = False
         elif ch == "\\":
@@ -108,14 +127,21 @@ def search_pattern(pattern: str) -> str | None:
             in_class = ch != "]"
         elif ch == "[":
             in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch in "^$" or (ch == "|" and depth == 0 and (start or end)):
-            return None
-    # anchored explicitly: xgrammar reads a pattern as a full match, llguidance as a search
-    return "^" + ("" if start else ".*") + f"(?:{body})" + ("" if end else ".*") + "$"
+        else:
+            depth += (ch == "(") - (ch == ")")
+            yield at, ch, depth
+
+
+def _top_level_branches(pattern: str) -> list[str]:
+    """``pattern``'s alternatives at the top level (outside groups and classes), as written."""
+    cuts = [at for at, ch, depth in _regex_characters(pattern) if ch == "|" and depth == 0]
+    bounds = [-1, *cuts, len(pattern)]
+    return [pattern[a + 1 : b] for a, b in itertools.pairwise(bounds)]
+
+
+def _has_anchor(body: str) -> bool:
+    """Whether ``body`` holds a ``^`` or ``$`` anchor outside classes and escapes."""
+    return any(ch in "^$" for _, ch, _ in _regex_characters(body))
 
 
 def disjoint_searches(searches: list[str]) -> bool:
@@ -263,7 +289,8 @@ def absorb_branches(branches: list[Any]) -> list[Any]:
         branch
         for index, branch in enumerate(branches)
         if not any(
-            other is not None and (other is _ANY or _within(_value_types(branch), other))
+            other is not None
+            and (other is _ANY or _within(_value_types(branch), other))
             and (broad[index] != other or index > at)  # of equal branches, the first stays
             for at, other in enumerate(broad)
             if at != index
@@ -295,8 +322,9 @@ def _value_types(branch: Any) -> frozenset[str] | None:
     if "type" in branch:
         types = branch["type"] if isinstance(branch["type"], list) else [branch["type"]]
         return frozenset(t for t in types if isinstance(t, str))
-    values = branch["enum"] if isinstance(branch.get("enum"), list) else [branch["const"]] if "const" in branch else None
-    return None if values is None else frozenset(map(_json_type, values))
+    if isinstance(branch.get("enum"), list):
+        return frozenset(map(_json_type, branch["enum"]))
+    return frozenset({_json_type(branch["const"])}) if "const" in branch else None
 
 
 def _json_type(value: Any) -> str:

@@ -362,7 +362,7 @@ def test_pattern_keys_go_with_the_object_branch_of_an_untyped_schema(smol_tokeni
 @pytest.mark.parametrize(
     "schema",
     [
-        {"patternProperties": {"^a|b$": {}}, "additionalProperties": False},  # outer anchors bind one branch
+        {"patternProperties": {"(^a|b)c": {}}, "additionalProperties": False},  # an anchor inside
         {"patternProperties": {"^a": {}, "b$": {}}, "additionalProperties": False},  # "ab" matches both
         {"patternProperties": {"^x": {}}},  # other keys are allowed anyway
         {"patternProperties": {"^x": {}}, "additionalProperties": {"type": "integer"}},
@@ -373,6 +373,16 @@ def test_pattern_keys_stay_checked_where_the_engine_cannot_hold_them(smol_tokeni
     assert "patternProperties" not in compiled.engine_schema
     entry = next(e for e in compiled.coverage if e.keyword == "patternProperties")
     assert "refused by the mask" not in entry.note
+
+
+def test_pattern_keys_anchored_per_alternative_are_the_engines(smol_tokenizer):
+    """``^a|b$``: each alternative binds its own anchor (a key that starts with ``a`` or ends with ``b``), which
+    the engine holds, padded alternative by alternative."""
+    schema = {"type": "object", "patternProperties": {"^a|b$": {}}, "additionalProperties": False}
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
+    assert compiled.engine_schema["patternProperties"] == {"^(?:a.*|.*b)$": {}}
+    for text, valid in [('{"ax": 1}', True), ('{"xb": 1}', True), ('{"xa": 1}', False), ('{"bx": 1}', False)]:
+        assert accepts(compiled, smol_tokenizer, text) == valid, text
 
 
 def test_engine_name_is_checked(smol_tokenizer):

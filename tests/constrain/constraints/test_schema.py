@@ -10,7 +10,7 @@ import constrain
 from constrain.constraints.formats import FORMATS
 from constrain.errors import UnsatisfiableSchemaError
 from constrain.match.budget import Budget
-from constrain.testing import accepts
+from constrain.testing import accepts, token_ids
 
 
 def spec(schema, **options):
@@ -35,6 +35,11 @@ schema__valid__invalid = [
     ({"type": "string", "pattern": "a+"}, ["xaay", "a"], ["b", ""]),  # search, not full match
     ({"type": "string", "pattern": "^a+$"}, ["aa"], ["ab"]),
     ({"type": "string", "pattern": "^ab|cd$"}, ["abx", "xcd"], ["xab", "cdx"]),  # outer anchors bind one branch
+    (  # each top-level alternative anchored: in the grammar, whose prefixes are then exact
+        {"type": "string", "pattern": "^[0-9a-f]{4}-[0-9a-f]{2}$|^[0-9a-f]{8}$", "maxLength": 8},
+        ["1234-ab", "1234abcd"],
+        ["1234abcd9", "1234-abc", "x1234-ab"],
+    ),
     ({"type": "string", "pattern": "(^a|b)c"}, ["ac", "xbc"], ["xac"]),  # an anchor inside
     ({"type": "string", "pattern": "^[a-z]+$", "minLength": 3, "maxLength": 4}, ["abc"], ["ab", "abcde", "AB1"]),
     ({"type": "string", "format": "email", "maxLength": 8}, ["a@b.co"], ["abcdef@b.co"]),
@@ -308,8 +313,10 @@ def test_coverage_is_a_sequence_of_entries_the_collector_stops_walking():
         ({"anyOf": [{"type": "object", "required": ["a"]}, {}]}, {}),
         ({"anyOf": [{"type": "string"}, {"type": "string"}]}, {"type": "string"}),
         ({"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}, {"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}),
-        ({"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
-         {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]}),
+        (
+            {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
+            {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
+        ),
         ({"oneOf": [{"enum": ["Go"]}, {"type": "string"}]}, {"anyOf": [{"enum": ["Go"]}, {"type": "string"}]}),
     ],
 )
@@ -320,3 +327,22 @@ def test_a_branch_of_type_alone_absorbs_the_branches_it_admits_every_value_of(sc
     from constrain.compiler.json_schema import prepared as prepare
 
     assert prepare(spec(schema))[0] == prepared
+
+
+def test_alternatives_anchored_each_on_its_own_are_in_the_grammar(smol_tokenizer):
+    """``^A$|^B$`` (a Snowplow user id: a UUID or 16 hex digits, with maxLength 36) goes into the grammar,
+    each alternative padded on its own: the mask refuses the 17th hex digit, rather than let the string
+    run to its length bound, where no value is left (a dead end that MaskBench's dev set met)."""
+    user_id = "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$"
+    schema = {"type": "string", "maxLength": 36, "pattern": user_id}
+    compiled = constrain.compile(spec(schema), smol_tokenizer)
+    (pattern,) = [entry for entry in compiled.coverage if entry.keyword == "pattern"]
+    assert pattern.status == "enforced" and pattern.note.startswith("search semantics")
+    assert accepts(compiled, smol_tokenizer, '"1234567890abcdef"')
+    assert accepts(compiled, smol_tokenizer, '"123e4567-e89b-12d3-a456-426614174000"')
+    matcher = compiled.matcher()
+    for token in token_ids(smol_tokenizer, '"1234567890abcdef1234567890abcdef1234"'):
+        if not matcher.accept_token(token):
+            break
+    assert matcher.dead_ends == [] and not matcher.is_completed()
+    assert not accepts(compiled, smol_tokenizer, '"1234567890abcdef1"')
