@@ -70,8 +70,9 @@ each has a minimal reproduction below (``REPORTED_EXAMPLES``, xfail)."""
 
 KNOWN_SPECIFICATION: dict[str, str] = {
     **KNOWN_GENERATION,
-    "key order": "llguidance takes declared properties in the schema's order where an object also has "
-    "patternProperties (constrain.compiler.json_schema.llguidance_schema); xgrammar takes any order",
+    "key order": "llguidance takes declared properties in the schema's order where one of its object's own "
+    "patternProperties may match a declared name (constrain.compiler.json_schema.llguidance_schema); xgrammar "
+    "takes any order",
     "xgrammar grammar superset: additionalProperties": "past OPEN_KEY_RULES_MAX, xgrammar's extra keys of an open "
     "object are any string, declared ones included, with any value; validate() flags the text",
     "xgrammar grammar superset: required": "xgrammar's any-order object can skip a required key beside optional "
@@ -377,6 +378,16 @@ def test_both_engines_take_keys_in_any_order_in_specification_mode(smol_tokenize
     assert accepts(compiled, smol_tokenizer, '{"x-y (z)": 1, "a.b": 2, "$schema": "s"}')
     assert not accepts(compiled, smol_tokenizer, '{"aXb": 2}')  # "." is no wildcard
     assert not accepts(compiled, smol_tokenizer, '{"$schema": 1}')
+    # beside the object's own patterns (a compose file's "^x-" extensions), where no declared name matches one
+    engine = "llguidance"
+    extended = {**schema, "patternProperties": {"^x-": {"type": "integer"}}}
+    compiled = constrain.compile(constrain.json_schema(extended, mode="specification"), smol_tokenizer, engine=engine)
+    assert accepts(compiled, smol_tokenizer, '{"b": 1, "x-q": 2, "a": "x"}')
+    assert not accepts(compiled, smol_tokenizer, '{"b": 1, "x-q": "2", "a": "x"}')
+    assert not accepts(compiled, smol_tokenizer, '{"b": 1, "y": 2, "a": "x"}')
+    clash = {**extended, "properties": {**schema["properties"], "x-a": {"type": "string"}}}  # "x-a": both schemas
+    compiled = constrain.compile(constrain.json_schema(clash, mode="specification"), smol_tokenizer, engine=engine)
+    assert "properties" in compiled.engine_schema
 
 
 def test_schema_ordered_follows_the_schema_through_refs_and_branches():
