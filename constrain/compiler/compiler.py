@@ -237,10 +237,10 @@ def compile(
     engine : "auto", "xgrammar" or "llguidance", default: "auto"
         The grammar engine. ``"auto"``: xgrammar (fastest masks), except for JSON
         schemas and regexes it would take long to compile (:class:`AutoLimits`),
-        which llguidance serves where it supports them; and while xgrammar's compile of
-        one takes longer than ``auto_limits.xgrammar_wait_s``, llguidance serves it
-        meanwhile. Both enforce the same language but for the differences the schemas
-        guide lists.
+        which llguidance serves where it supports them; llguidance also serves one that
+        xgrammar refuses, and, while xgrammar's compile of one takes longer than
+        ``auto_limits.xgrammar_wait_s``, serves it meanwhile. Both enforce the same
+        language but for the differences the schemas guide lists.
     auto_limits : AutoLimits, default: AUTO_LIMITS
         When ``"auto"`` picks llguidance (:class:`~constrain.compiler.routing.AutoLimits`).
 
@@ -256,9 +256,11 @@ def compile(
     start = time.monotonic()
     info = tokenizer_info(tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
     wait_s = None  # how long xgrammar is waited for before llguidance serves the constraint meanwhile
+    either = False  # "auto" left to xgrammar: llguidance serves what xgrammar refuses
     if engine == "auto":  # "auto" served by llguidance keeps its own key: it falls back to xgrammar
         routed = info.llg is not None and auto_engine(constraint, auto_limits) == "llguidance"
-        if info.llg is not None and not routed and isinstance(constraint, (JsonSchema, Regex)):
+        either = info.llg is not None and not routed and isinstance(constraint, (JsonSchema, Regex))
+        if either:
             wait_s = auto_limits.xgrammar_wait_s
         engine = "auto" if routed else "xgrammar"
     key = (constraint, info.fingerprint, engine)
@@ -286,7 +288,20 @@ def compile(
         except CompileError:  # llguidance refuses it: xgrammar after all
             if timeout_s is not None:
                 timeout_s = max(0.0, start + timeout_s - time.monotonic())
-    return _own_type(work() if timeout_s is None else in_background(work, timeout_s), constraint)
+    if not either or timeout_s is not None:
+        return _own_type(work() if timeout_s is None else in_background(work, timeout_s), constraint)
+    try:
+        return _own_type(work(), constraint)
+    except CompileError as refused:  # as past the wait above: llguidance, where it takes the constraint
+        if not isinstance(refused.__cause__, RuntimeError):  # not xgrammar's own refusal, but constrain's
+            raise
+        try:
+            found = _cache.get_or_create(
+                (constraint, info.fingerprint, "llguidance"), lambda: _build_llguidance(constraint, info)
+            )
+        except CompileError:
+            raise refused from None
+        return _own_type(found, constraint)
 
 
 def _own_type(compiled: CompiledConstraint, constraint: Constraint) -> CompiledConstraint:

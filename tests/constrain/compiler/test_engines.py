@@ -206,6 +206,21 @@ def test_auto_falls_back_to_xgrammar_where_llguidance_refuses(smol_tokenizer):
     assert constrain.compile(spec({**schema, "title": "now"}), smol_tokenizer, auto_limits=now).engine == "xgrammar"
 
 
+def test_auto_falls_back_to_llguidance_where_xgrammar_refuses(smol_tokenizer):
+    """xgrammar 0.2.8 refuses a subschema that merging made ``false`` here (an item's key that must be null and
+    a string; MaskBench's ``Github_medium---o21061``, shrunk): ``"auto"`` then serves it with llguidance,
+    with the wait for xgrammar or without."""
+    items = {"allOf": [{"oneOf": [{"properties": {"e": {"type": "null"}}}]}], "properties": {"e": {"type": "string"}}}
+    schema = {"properties": {"n": {"items": items}}}
+    with pytest.raises(constrain.CompileError, match="cannot accept any value"):
+        constrain.compile(spec(schema), smol_tokenizer, engine="xgrammar")
+    for limits in (WAIT_FOR_XGRAMMAR, constrain.AutoLimits(xgrammar_wait_s=0)):
+        compiled = constrain.compile(spec({**schema, "title": repr(limits)}), smol_tokenizer, auto_limits=limits)
+        assert compiled.engine == "llguidance"
+        assert accepts(compiled, smol_tokenizer, '{"n": [{"f": 1}]}')
+        assert not accepts(compiled, smol_tokenizer, '{"n": [{"e": "x"}]}') or compiled.validate('{"n": [{"e": "x"}]}')
+
+
 def test_auto_serves_with_llguidance_while_xgrammar_compiles(smol_tokenizer):
     """Past ``xgrammar_wait_s``, llguidance serves the constraint and xgrammar's compile goes on; once it
     lands in the cache, ``compile`` returns it. Both take keys in any order, and refuse the same texts."""
