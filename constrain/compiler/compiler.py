@@ -262,6 +262,11 @@ def compile(
         either = info.llg is not None and not routed and isinstance(constraint, (JsonSchema, Regex))
         if either:
             wait_s = auto_limits.xgrammar_wait_s
+        if either and isinstance(constraint, JsonSchema):
+            try:  # (memoized: what xgrammar compiles) constrain's own refusals hold whatever engine serves
+                json_schema_ebnf(constraint)
+            except RuntimeError:  # xgrammar's: llguidance may serve it
+                pass
         engine = "auto" if routed else "xgrammar"
     key = (constraint, info.fingerprint, engine)
     build = _BUILDERS[engine]

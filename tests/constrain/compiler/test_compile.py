@@ -207,17 +207,21 @@ def test_a_model_and_its_schema_share_a_grammar_not_a_type(smol_tokenizer):
 _LOOP = {"type": "object", "properties": {"x": {"$ref": "#/$defs/loop"}}, "required": ["x"]}
 
 
-@pytest.mark.parametrize("engine", ["auto", "xgrammar"])
-def test_a_schema_whose_values_never_end_is_refused_at_compile(smol_tokenizer, engine):
+@pytest.mark.parametrize(
+    ("engine", "wait"), [("auto", None), ("auto", 0.0), ("xgrammar", None)], ids=["auto", "auto-waiting", "xgrammar"]
+)
+def test_a_schema_whose_values_never_end_is_refused_at_compile(smol_tokenizer, engine, wait):
     """A required property that refers back to its object admits no finite value: refused when compiled,
     as no value where it is the whole schema, as a branch decoding could enter without end where it is one
-    (both made xgrammar's jump-forward run out of memory). An optional one is a tree, and compiles."""
+    (both made xgrammar's jump-forward run out of memory). An optional one is a tree, and compiles. Where
+    ``"auto"`` waits for xgrammar (4 cores or more), the refusal is not llguidance's cue to serve it."""
+    limits = constrain.AutoLimits(xgrammar_wait_s=wait)
     whole = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
     with pytest.raises(constrain.UnsatisfiableSchemaError, match="no value is finite"):
-        constrain.compile(constrain.json_schema(whole), smol_tokenizer, engine=engine)
+        constrain.compile(constrain.json_schema(whole), smol_tokenizer, engine=engine, auto_limits=limits)
     branch = {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/loop"}], "$defs": {"loop": _LOOP}}
     with pytest.raises(constrain.CompileError, match="admits no finite value"):
-        constrain.compile(constrain.json_schema(branch), smol_tokenizer, engine=engine)
+        constrain.compile(constrain.json_schema(branch), smol_tokenizer, engine=engine, auto_limits=limits)
     tree = {"type": "object", "properties": {"a": {"$ref": "#"}}}
-    compiled = constrain.compile(constrain.json_schema(tree), smol_tokenizer, engine=engine)
+    compiled = constrain.compile(constrain.json_schema(tree), smol_tokenizer, engine=engine, auto_limits=limits)
     assert compiled.matcher().forced_text() == "{"
