@@ -282,8 +282,9 @@ def absorb_branches(branches: list[Any]) -> list[Any]:
     alone (or of no keyword: any value) stands for each branch whose values all have one of its types (by
     that branch's ``type``, else its ``enum`` or ``const`` values). The union is the same language; the
     engines read it in fewer alternatives. An extensible enum, ``anyOf: [{enum: [...]}, {type: string}]``,
-    becomes a string: llguidance took 300 to 1,000 µs a mask inside such a string, where it follows every
-    alternative, against 10 for a string alone. Returns ``branches`` itself where none is absorbed."""
+    becomes a string: llguidance took 320 to 740 µs a mask inside such a string, where it follows every
+    alternative, against 1 to 20 for the string alone (SmolLM2's tokenizer, Intel Xeon family 6 model 167).
+    Returns ``branches`` itself where none is absorbed."""
     broad = [_types_alone(b) for b in branches]  # per branch: the types it admits every value of, or None
     kept = [
         branch
