@@ -584,8 +584,7 @@ class _Preparer:
         declared, closed (closed mode, where ``node`` does not say what else it holds: ``says_open``),
         integer bounds rounded, lengths beside a pattern or format left to the checks, ``anyOf``
         distributed over the keywords beside it (a single branch left put in its place), each type's
-        keywords bound to it. Returns the node
-        prepared (``out`` is changed in place on the way)."""
+        keywords bound to it. Returns the node prepared (``out`` is changed in place on the way)."""
         self.loosen_for_checked(node, out, pointer)
         declare_required(node, out)
         if self.closed and not says_open:

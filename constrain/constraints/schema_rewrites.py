@@ -329,11 +329,12 @@ def _value_types(branch: Any) -> frozenset[str] | None:
 
 
 def _json_type(value: Any) -> str:
-    """The narrowest JSON Schema type of a JSON value (``1.0`` is an integer)."""
+    """The JSON Schema type of a JSON value, ``"integer"`` for ints only: ``1.0`` is a number here (draft 4
+    reads it so, and the grammar of an integer does not write it)."""
     if value is None or isinstance(value, bool):
         return "null" if value is None else "boolean"
     if isinstance(value, (int, float)):
-        return "integer" if isinstance(value, int) or value.is_integer() else "number"
+        return "integer" if isinstance(value, int) else "number"
     return "string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"
 
 

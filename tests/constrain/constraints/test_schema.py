@@ -313,6 +313,7 @@ def test_coverage_is_a_sequence_of_entries_the_collector_stops_walking():
         ({"anyOf": [{"type": "object", "required": ["a"]}, {}]}, {}),
         ({"anyOf": [{"type": "string"}, {"type": "string"}]}, {"type": "string"}),
         ({"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}, {"anyOf": [{"enum": ["a", 2]}, {"type": "string"}]}),
+        ({"anyOf": [{"const": 1.0}, {"type": "integer"}]}, {"anyOf": [{"const": 1.0}, {"type": "integer"}]}),
         (
             {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
             {"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]},
