@@ -274,6 +274,11 @@ def compile(
     def work() -> CompiledConstraint:
         return _cache.get_or_create(key, lambda: build(constraint, info))
 
+    def by_llguidance() -> CompiledConstraint:  # what "auto" falls back to from xgrammar
+        return _cache.get_or_create(
+            (constraint, info.fingerprint, "llguidance"), lambda: _build_llguidance(constraint, info)
+        )
+
     cached = None if timeout_s is None and wait_s is None else _cache.get(key)  # a hit needs no thread
     if cached is not None:
         return _own_type(cached, constraint)
@@ -286,10 +291,7 @@ def compile(
         except CompileError:  # past the wait (it goes on, to the cache), too many going on, or xgrammar failed
             pass
         try:
-            meanwhile = _cache.get_or_create(
-                (constraint, info.fingerprint, "llguidance"), lambda: _build_llguidance(constraint, info)
-            )
-            return _own_type(meanwhile, constraint)
+            return _own_type(by_llguidance(), constraint)
         except CompileError:  # llguidance refuses it: xgrammar after all
             if timeout_s is not None:
                 timeout_s = max(0.0, start + timeout_s - time.monotonic())
@@ -297,16 +299,11 @@ def compile(
         return _own_type(work() if timeout_s is None else in_background(work, timeout_s), constraint)
     try:
         return _own_type(work(), constraint)
-    except CompileError as refused:  # as past the wait above: llguidance, where it takes the constraint
-        if not isinstance(refused.__cause__, RuntimeError):  # not xgrammar's own refusal, but constrain's
-            raise
+    except CompileError as refused:  # xgrammar's own (constrain's were raised above): llguidance, if it takes it
         try:
-            found = _cache.get_or_create(
-                (constraint, info.fingerprint, "llguidance"), lambda: _build_llguidance(constraint, info)
-            )
+            return _own_type(by_llguidance(), constraint)
         except CompileError:
             raise refused from None
-        return _own_type(found, constraint)
 
 
 def _own_type(compiled: CompiledConstraint, constraint: Constraint) -> CompiledConstraint:
