@@ -12,6 +12,8 @@ and the server still serves. It prints its figures.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import http.client
 import json
 import os
@@ -41,12 +43,13 @@ WARM_UP = 0.2
 PLATEAU_MIB = 64
 """Most resident memory the server's process may gain over the last 40% of the requests (400 of 1,000).
 What still grows there: the prefix cache (each distinct prompt's KV, at 256 bytes a token of the tiny
-model: +5.3 MiB over those 400, far below its bound) and buffers reaching their high-water mark, under
-the heap's noise (a run's figure swings by about 30 MiB). Measured (AMD EPYC, AVX2, 2 cores, beside
-other jobs): +30.2, +10.4, -15.3, +41.8, +12.7 and -20.4 MiB in six runs."""
+model: +5.3 MiB over those 400, far below its bound) and buffers reaching their high-water mark.
+Measured with the heap's arenas capped (:func:`_few_arenas`; AMD EPYC, AVX2, 2 cores): +11.3, +9.7 and
++11.8 MiB in three runs. Uncapped, glibc's per-thread arenas made the figure swing by tens of MiB: +11.9,
++65.3 and +10.0 MiB in three runs on the same machine, and +71.1 MiB once in CI."""
 MEMORY_BOUND_MIB = 128
 """Most resident memory the server's process may gain over all the requests after the warm-up (800 of
-1,000): a guard against a leak per request. Measured: +44.6, +24.5, +17.2, +50.3, +7.0 and -31.2 MiB.
+1,000): a guard against a leak per request. Measured with the arenas capped: +22.7, +23.0 and +24.0 MiB.
 Before a fault's frames were released (:func:`constrain.serving.engine.release_frames`), each of the
 drill's injected faults kept its decode step's logits (tens of MiB) in a cycle until a full collection
 of the garbage collector: +78, +397 and +159 MiB over those 800 requests."""
@@ -60,6 +63,8 @@ SCHEMAS = [PERSON_SCHEMA, ITEM, LIST]
 CODE = r"[a-z]{3}-\d{3}"
 KINDS = {"schema": 30, "tools": 10, "regex": 8, "plain": 7, "stream": 15, "disconnect": 10, "bad": 12, "fault": 8}
 """The mix, in percent."""
+M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameter for the most arenas (malloc.h)."""
 
 
 def _rss_mib(engine: Any) -> float:
@@ -73,6 +78,22 @@ def _rss_mib(engine: Any) -> float:
         trim()
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def _few_arenas() -> None:
+    """Caps glibc's malloc arenas at 2 for the rest of this process (``mallopt(M_ARENA_MAX, 2)``; nothing
+    without glibc). The drill's 32 client threads and the server's threads otherwise spread their frees
+    over up to 16 arenas (8 a core), whose fragmentation moves resident memory by tens of MiB from run to
+    run, far more than a leak this drill must catch. (The chaos test runs alone in its process: ``make
+    chaos``.)"""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # not glibc
+        return
+    if mallopt is not None:
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        mallopt(M_ARENA_MAX, 2)
 
 
 def _prefix_cache_mib() -> float:
@@ -176,6 +197,7 @@ class Drill:
 
 
 def test_the_server_survives_a_chaos_drill(tiny) -> None:
+    _few_arenas()
     server = LocalServer(tiny, faults=by_user(tiny.vocab_size), max_batch=CONCURRENCY)
     drill = Drill(server)
     rng = random.Random(28)
