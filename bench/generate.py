@@ -15,9 +15,15 @@ drafts it), a story (free text, 64 tokens: drafts mostly rejected) and the JSON 
 Off, adaptive (the default: the drafts that pay, by each proposal's prior, each request's acceptance
 and the measured forward cost) and every draft fed (the policy before the cost model), with tokens/s
 and forward passes; each ratio to off is the median of the repeats' own ratios (a repeat's
-configuration against that repeat's off), with their range. ``--speculation`` runs only that table.
+configuration against that repeat's off), with their range; each repeat starts one configuration later
+than the one before, so that none always runs first. A cell (workload, batch, decoding) runs
+``--repeats`` repeats at least, and more (up to three times as many) until it has taken ``--seconds``:
+the short cells, whose runs a busy moment of a shared machine moves most, get the most repeats. Beside
+the timings, the median run's tokens per second with its passes priced by the forward cost tables
+measured first (each pass by its rows and width), against off's: what the configuration's passes cost,
+free of the machine's noise. ``--speculation`` runs only that table.
 
-Usage: ``python bench/generate.py [--repeats 5] [--speculation]``
+Usage: ``python bench/generate.py [--repeats 5] [--seconds 60] [--speculation]``
 """
 
 from __future__ import annotations
@@ -88,15 +94,19 @@ def run(
     speculative: bool = False,
     forward_cost: ForwardCost | None = None,
     together: bool = True,
+    passes: list[tuple[int, int]] | None = None,
 ) -> tuple[int, float, dict[str, float], int]:
     """(output tokens, seconds, per-stage seconds, forward passes) of one batched generation: ``batch``
-    copies of ``spec`` (each of its ``n`` completions)."""
+    copies of ``spec`` (each of its ``n`` completions). Each pass's ``(rows, tokens per row)`` is appended to
+    ``passes`` where given."""
     requests = [r for _ in range(batch) for r in gen.admit(handle, spec)]
     timings: dict[str, float] = {}
     forward, calls = handle.model.forward, [0]
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
+        if passes is not None:
+            passes.append(tuple(kwargs["input_ids"].shape))
         return forward(*args, **kwargs)
 
     handle.model.forward = counted
@@ -112,14 +122,16 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per row, at least")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="speculation: more repeats (up to 3x) until a cell has taken this long")  # fmt: skip
     parser.add_argument("--speculation", action="store_true", help="only the speculation table")
     args = parser.parse_args()
     print(machine_line())
     handle = constrain.load_model()
     if not args.speculation:
         overview(handle, args.repeats)
-    speculation(handle, args.repeats)
+    speculation(handle, args.repeats, args.seconds)
 
 
 def overview(handle: constrain.ModelHandle, repeats: int) -> None:
@@ -164,35 +176,50 @@ def overview(handle: constrain.ModelHandle, repeats: int) -> None:
           f"unconstrained {rates['unconstrained', 8] / rates['unconstrained', 1]:.2f}x\n")  # fmt: skip
 
 
-def speculation(handle: constrain.ModelHandle, repeats: int) -> None:
+def speculation(handle: constrain.ModelHandle, repeats: int, seconds: float) -> None:
     """The speculation table: off, adaptive and every draft, per workload, at batch 1 and 8, greedy and
-    sampled (medians of ``repeats``)."""
+    sampled (medians of ``repeats`` at least, more until a cell has taken ``seconds``, up to 3x)."""
+    costs = {}
     for batch in (1, 2, 4, 8):  # measured here, outside the timed runs (a batch of 8 shrinks as its rows finish)
-        cost = forward_cost(handle.model, batch=batch, width=1 + MAX_DRAFT)
+        costs[batch] = cost = forward_cost(handle.model, batch=batch, width=1 + MAX_DRAFT)
         curve = ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in zip(cost.tokens, cost.seconds, strict=True))
         print(f"forward cost timed on {batch} rows (tokens fed: ms): {curve}; one draft per row costs "
               f"{cost.relative(batch, 2):.2f}x\n")  # fmt: skip
-    print(f"{repeats} repeats per row, round robin; tokens/s and the ratio to off are medians, with the range "
-          "(min-max) of the repeats' ratios (each repeat's configuration against the same repeat's off)\n")  # fmt: skip
-    print("| workload | decoding | batch | speculation | tokens | s | tokens/s | forward passes | tokens/s vs off "
-          "| range vs off |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def priced(passes: list[tuple[int, int]]) -> float:
+        """Seconds of these passes by the cost tables (a batch's rows read its size class's table)."""
+        return sum(costs[1 << (rows.bit_length() - 1)].seconds_for(rows * width) for rows, width in passes)
+
+    print(f"{repeats} repeats per row at least, more (up to {3 * repeats}) until a cell has taken {seconds:.0f} s; "
+          "round robin; tokens/s and the ratio to off are medians, with the range (min-max) of the repeats' ratios "
+          "(each repeat's configuration against the same repeat's off); \"by the table\": tokens per second of "
+          "the median run's passes priced by the cost tables above, against off's\n")  # fmt: skip
+    print("| workload | decoding | batch | speculation | repeats | tokens | s | tokens/s | forward passes "
+          "| tokens/s vs off | range vs off | by the table vs off |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     decodings = (("greedy", {"temperature": 0}), ("sampled", {"temperature": 0.7, "seed": 0}))
     for (workload, request), batch, (decoding, sampling) in itertools.product(WORKLOADS.items(), (1, 8), decodings):
         spec = constrain.Request(**request, n=batch, sampling=sampling)  # sampled: seeds 0..batch-1
         runs: dict[str, list[tuple[int, float, dict[str, float], int]]] = {name: [] for name in SPECULATION}
-        for _ in range(repeats):  # round robin, so that the machine's drifts touch every configuration alike
-            for name, options in SPECULATION.items():
-                runs[name].append(run(handle, spec, 1, **options))
-        medians = {name: sorted(r, key=lambda x: x[1])[len(r) // 2] for name, r in runs.items()}
-        for name, (tokens, seconds, _, steps) in medians.items():
+        table: dict[str, list[float]] = {name: [] for name in SPECULATION}  # tokens/s by the cost tables, per run
+        began = time.perf_counter()
+        while len(runs["off"]) < repeats or (time.perf_counter() - began < seconds and len(runs["off"]) < 3 * repeats):
+            turn = len(runs["off"]) % len(SPECULATION)  # round robin, each repeat starting one later: no order bias
+            for name in list(SPECULATION)[turn:] + list(SPECULATION)[:turn]:
+                passes: list[tuple[int, int]] = []
+                runs[name].append(run(handle, spec, 1, **SPECULATION[name], passes=passes))
+                table[name].append(runs[name][-1][0] / priced(passes))
+        medians = {name: sorted(range(len(r)), key=lambda i: r[i][1])[len(r) // 2] for name, r in runs.items()}
+        for name, median in medians.items():
+            tokens, secs, _, steps = runs[name][median]
             ratios = sorted(
                 (t / s) / (t_off / s_off)
                 for (t, s, _, _), (t_off, s_off, _, _) in zip(runs[name], runs["off"], strict=True)
             )
-            print(f"| {workload} | {decoding} | {batch} | {name} | {tokens} | {seconds:.2f} | {tokens / seconds:.1f} "
-                  f"| {steps} | {ratios[len(ratios) // 2]:.1%} | {ratios[0]:.0%}-{ratios[-1]:.0%} |",
-                  flush=True)  # fmt: skip
+            by_table = table[name][median] / table["off"][medians["off"]]
+            print(f"| {workload} | {decoding} | {batch} | {name} | {len(ratios)} | {tokens} | {secs:.2f} "
+                  f"| {tokens / secs:.1f} | {steps} | {ratios[len(ratios) // 2]:.1%} "
+                  f"| {ratios[0]:.0%}-{ratios[-1]:.0%} | {by_table:.1%} |", flush=True)  # fmt: skip
 
 
 def torch_threads() -> int:
