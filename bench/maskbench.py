@@ -259,6 +259,7 @@ def run_schema(adapter: Adapter, entry: dict[str, Any]) -> dict[str, Any]:
 
 def worker(engine: str, tasks: Any, results: Any) -> None:
     import constrain
+    import constrain.testing  # (``tokenize``'s, with the server it imports: loaded before the freeze, not after)
 
     adapter = Adapter(engine, constrain.load_tokenizer())
     gc.collect()  # what was loaded stays: out of the collector's way, as the server does (``serve``)
