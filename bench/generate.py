@@ -179,7 +179,7 @@ def overview(handle: constrain.ModelHandle, repeats: int) -> None:
 def speculation(handle: constrain.ModelHandle, repeats: int, seconds: float) -> None:
     """The speculation table: off, adaptive and every draft, per workload, at batch 1 and 8, greedy and
     sampled (medians of ``repeats`` at least, more until a cell has taken ``seconds``, up to 3x)."""
-    costs = {}
+    costs: dict[int, ForwardCost] = {}  # by batch size class
     for batch in (1, 2, 4, 8):  # measured here, outside the timed runs (a batch of 8 shrinks as its rows finish)
         costs[batch] = cost = forward_cost(handle.model, batch=batch, width=1 + MAX_DRAFT)
         curve = ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in zip(cost.tokens, cost.seconds, strict=True))
