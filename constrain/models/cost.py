@@ -33,6 +33,7 @@ from constrain.caches import register
 from constrain.models.loading import PrepackedLinear, cache_dir
 
 __all__ = [
+    "BUSY",
     "DRIFT",
     "KNEE",
     "MEASURE_TOKENS",
@@ -52,9 +53,16 @@ dense where decoding runs (a row one draft wide feeds 2 tokens), so that the cur
 measured, not interpolated across a knee."""
 
 DRIFT = 2.0
-"""A saved cost is measured again when a one-token pass now takes this many times more or less than it says
+"""A saved cost is measured again when a one-token pass now takes this many times more than it says
 (another machine under the same name, a driver update): the fastest of five passes, so that a busy moment
-of a shared machine does not pass for a drift."""
+of a shared machine does not pass for a drift. (A pass faster than it says: :data:`BUSY`.)"""
+
+BUSY = 1.25
+"""A saved cost whose one-token pass took this many times the pass the machine now makes (the fastest of
+five) or more was timed while something else ran, and is measured again: load slows a pass, nothing speeds
+one up. On a 2-core AMD EPYC (AVX2), a table timed right after another job had one row's pass at 163.6 ms
+where the machine makes it in 82: within :data:`DRIFT`, it would have been kept, and its flat 1 to 12
+tokens read as free drafts."""
 
 KNEE = 2.0
 """A measurement stops at the first pass that costs this many times a one-token pass and reaches the widest
@@ -246,10 +254,10 @@ def forward_cost(model: Any, *, batch: int = 1, width: int = 1) -> ForwardCost:
     and the same in every process on this machine: read from disk (:func:`saved_cost_path`) where a process
     measured it before, else measured (:func:`measure_forward_cost`: a second for one row on a CPU, 10 s
     for 8 rows 17 tokens wide on a 2-core AVX2 CPU) and saved; then remembered for as long as the model
-    lives. A saved cost whose one-token pass no longer matches this machine (:data:`DRIFT`), or that stops
-    short of ``width``, is measured again. Since the drafts a batch feeds follow from this cost, a cost
-    read from disk makes them, and so seeded outputs, the same across processes (where a wider pass
-    changes the logits' last bits: bfloat16)."""
+    lives. A saved cost whose one-token pass no longer matches this machine (:data:`DRIFT`), was timed on
+    a busy machine (:data:`BUSY`), or stops short of ``width``, is measured again. Since the drafts a batch
+    feeds follow from this cost, a cost read from disk makes them, and so seeded outputs, the same across
+    processes (where a wider pass changes the logits' last bits: bfloat16)."""
     parameter = next(model.parameters())
     rows = batch_rows(batch)
     key = (str(parameter.device), str(parameter.dtype), _attention(model), rows)
@@ -275,7 +283,7 @@ def _saved_or_measured(model: Any, rows: int, width: int) -> ForwardCost:
         cost = None
     if cost is not None and _covers(cost, model, rows, width):
         now = measure_forward_cost(model, tokens=(1,), repeats=5).seconds[0]
-        if 1 / DRIFT <= now / cost.seconds[0] <= DRIFT:
+        if 1 / BUSY < now / cost.seconds[0] <= DRIFT:
             return cost
     cost = measure_forward_cost(model, upto=max(width, cost.tokens[-1] // rows if cost is not None else 1), rows=rows)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -340,8 +340,9 @@ def test_ngram_drafts_carry_a_prior_by_the_length_and_place_of_their_match():
 
 def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, monkeypatch, tmp_path):
     """A later process reads the cost from disk (checking its one-token pass only), so its drafts, and
-    seeded outputs, are the same; a cost that no longer matches the machine, or stops short of the batch's
-    passes, is measured again. On a clock that each pass advances by ``speed`` x its tokens x 1 ms."""
+    seeded outputs, are the same; a cost that no longer matches the machine, was timed on a busy one, or
+    stops short of the batch's passes, is measured again. On a clock that each pass advances by ``speed``
+    x its tokens x 1 ms."""
     from constrain.models import cost
 
     monkeypatch.setenv("CONSTRAIN_CACHE", str(tmp_path))
@@ -366,6 +367,15 @@ def test_the_forward_cost_is_saved_and_read_by_the_next_process(smol_tokenizer, 
     speed[0] = 3.0  # another machine under the same name
     slower = forward_cost(handle.model)
     assert slower.seconds[0] == pytest.approx(3 * first.seconds[0])
+    cost._measured.clear()
+    speed[0] = 1.8  # faster than that table, within DRIFT: it was timed on a busy machine, and is timed again
+    assert forward_cost(handle.model).seconds[0] == pytest.approx(1.8 * first.seconds[0])
+    cost._measured.clear()
+    speed[0] = 2.0  # slower than the table now, or a little faster: it stays
+    assert forward_cost(handle.model).seconds[0] == pytest.approx(1.8 * first.seconds[0])
+    cost._measured.clear()
+    speed[0] = 1.6
+    assert forward_cost(handle.model).seconds[0] == pytest.approx(1.8 * first.seconds[0])
     passes.clear()
     wide = forward_cost(handle.model, width=4 * first.tokens[-1])  # drafts wider than the table
     assert wide.tokens[-1] >= 4 * first.tokens[-1] and max(passes) >= (1, 4 * first.tokens[-1])
