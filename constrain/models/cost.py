@@ -60,9 +60,9 @@ of a shared machine does not pass for a drift. (A pass faster than it says: :dat
 BUSY = 1.25
 """A saved cost whose one-token pass took this many times the pass the machine now makes (the fastest of
 five) or more was timed while something else ran, and is measured again: load slows a pass, nothing speeds
-one up. On a 2-core AMD EPYC (AVX2), a table timed right after another job had one row's pass at 163.6 ms
-where the machine makes it in 82: within :data:`DRIFT`, it would have been kept, and its flat 1 to 12
-tokens read as free drafts."""
+one up. On a 2-core AMD EPYC (AVX2), a table timed on a slowed machine had one row's pass at 163.6 ms,
+flat from 1 to 12 tokens, where the machine makes it in 82: within :data:`DRIFT`, later processes would
+have kept it and fed drafts as if free."""
 
 KNEE = 2.0
 """A measurement stops at the first pass that costs this many times a one-token pass and reaches the widest
