@@ -42,7 +42,7 @@ import constrain  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
 from constrain.decode import loop  # noqa: E402
 from constrain.decode.drafts import MAX_DRAFT  # noqa: E402
-from constrain.models.cost import ForwardCost, forward_cost  # noqa: E402
+from constrain.models.cost import ForwardCost, batch_rows, forward_cost  # noqa: E402
 
 gen = importlib.import_module("constrain.generation")
 
@@ -188,7 +188,7 @@ def speculation(handle: constrain.ModelHandle, repeats: int, seconds: float) -> 
 
     def priced(passes: list[tuple[int, int]]) -> float:
         """Seconds of these passes by the cost tables (a batch's rows read its size class's table)."""
-        return sum(costs[1 << (rows.bit_length() - 1)].seconds_for(rows * width) for rows, width in passes)
+        return sum(costs[batch_rows(rows)].seconds_for(rows * width) for rows, width in passes)
 
     print(f"{repeats} repeats per row at least, more (up to {3 * repeats}) until a cell has taken {seconds:.0f} s; "
           "round robin; tokens/s and the ratio to off are medians, with the range (min-max) of the repeats' ratios "
